@@ -1,0 +1,264 @@
+"""numbapool: the ONNX pooling operators on the CPU, compiled with Numba.
+
+Every function takes an (N, C, D1, ..., Dn) array with n >= 1 spatial axes and the ONNX
+attributes as keywords, with the ONNX defaults, and returns an array of the input's dtype.
+Nothing is compiled at import; each kernel compiles on first use and is cached on disk.
+See docs/semantics.md for the exact rules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _dispatch, _plan
+
+__all__ = [
+    "average_pool",
+    "global_average_pool",
+    "global_lp_pool",
+    "global_max_pool",
+    "lp_pool",
+    "max_pool",
+    "max_unpool",
+]
+
+__version__ = "0.1.0"
+
+_WINDOW_PARAMETERS = """\
+    x : array_like
+        Input of shape (N, C, D1, ..., Dn), n >= 1. Any layout; it is never modified.
+    kernel_shape : sequence of int
+        Window size along each spatial axis.
+    strides : sequence of int, optional
+        Step along each spatial axis; default 1.
+    pads : sequence of int, optional
+        ``[x1_begin, x2_begin, ..., x1_end, x2_end, ...]``, each >= 0; default 0. Cannot be
+        combined with an ``auto_pad`` other than "NOTSET".
+    auto_pad : {"NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"}
+        "SAME_*" pads so that each output axis has ``ceil(in / stride)`` positions, the odd
+        cell at the end (UPPER) or the beginning (LOWER); "VALID" pads nothing.
+    ceil_mode : {0, 1}
+        Round the output length up instead of down; a last window that would start in
+        the end padding is dropped. Ignored under "SAME_*".
+    dilations : sequence of int, optional
+        Spacing between window taps along each spatial axis; default 1."""
+
+_RAISES = """\
+    Raises
+    ------
+    TypeError
+        If the dtype is not supported or an attribute has the wrong type.
+    ValueError
+        If an attribute has a bad value or length, the input has no spatial axis, or an
+        axis would have no output position."""
+
+
+def _as_array(x) -> np.ndarray:
+    return x if isinstance(x, np.ndarray) else np.asarray(x)
+
+
+def _window(op: str, x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations, **extra):
+    x = _as_array(x)
+    plan = _plan.window_plan(op, x.shape, x.dtype, kernel_shape, strides, pads, auto_pad,
+                             ceil_mode, dilations, **extra)
+    return plan, x
+
+
+def max_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
+             dilations=None, storage_order=0, return_indices=False):
+    """ONNX MaxPool: the largest element of each window.
+
+    Parameters
+    ----------
+{window}
+    storage_order : {{0, 1}}
+        How Indices number the spatial offset: 0 row-major, 1 column-major (first spatial
+        axis fastest).
+    return_indices : bool
+        Also return the Indices output.
+
+    Returns
+    -------
+    Y : ndarray
+        Same dtype as ``x`` (float16, bfloat16, float32, float64, int8 or uint8). A window
+        with no element inside the input gives -inf (the dtype's minimum for integers).
+    Indices : ndarray of int64, only if ``return_indices``
+        Offset of each maximum in the whole input, ``(n * C + c) * prod(D) + spatial
+        offset``; -1 for an empty window. Ties go to the first maximum in the window's
+        row-major scan; a window holding NaN gives NaN and the first NaN's offset.
+
+{raises}
+
+    Examples
+    --------
+    >>> import numpy as np, numbapool
+    >>> x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    >>> numbapool.max_pool(x, [2, 2], strides=[2, 2])
+    array([[[[ 5.,  7.],
+             [13., 15.]]]], dtype=float32)
+    """
+    plan, x = _window("MaxPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
+                      storage_order=storage_order)
+    return _dispatch.run_window(plan, x, bool(return_indices))
+
+
+def average_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
+                 dilations=None, count_include_pad=0):
+    """ONNX AveragePool: the mean of each window.
+
+    Parameters
+    ----------
+{window}
+    count_include_pad : {{0, 1}}
+        0 divides by the taps inside the input; 1 by the taps inside the padded input
+        (taps past the end padding, which ``ceil_mode`` can create, never count).
+
+    Returns
+    -------
+    Y : ndarray
+        Same dtype as ``x`` (float16, bfloat16, float32 or float64); sums accumulate in
+        float32 (float64 for float64) and are rounded once. An empty window gives 0.
+
+{raises}
+
+    Examples
+    --------
+    >>> import numpy as np, numbapool
+    >>> x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    >>> numbapool.average_pool(x, [2, 2], strides=[2, 2])
+    array([[[[ 2.5,  4.5],
+             [10.5, 12.5]]]], dtype=float32)
+    """
+    plan, x = _window("AveragePool", x, kernel_shape, strides, pads, auto_pad, ceil_mode,
+                      dilations, count_include_pad=count_include_pad)
+    return _dispatch.run_window(plan, x)
+
+
+def lp_pool(x, kernel_shape, *, p=2, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
+            dilations=None):
+    """ONNX LpPool: ``(sum |x| ** p) ** (1 / p)`` over each window.
+
+    Parameters
+    ----------
+{window}
+    p : float
+        Order of the norm, any real number > 0 (LpPool-1 has a float ``p``).
+
+    Returns
+    -------
+    Y : ndarray
+        Same dtype as ``x`` (float16, bfloat16, float32 or float64). Only taps inside the
+        input count; an empty window gives 0.
+
+{raises}
+
+    Examples
+    --------
+    >>> import numpy as np, numbapool
+    >>> x = np.array([[[3.0, 4.0, 0.0, 5.0]]])
+    >>> numbapool.lp_pool(x, [2], strides=[2])
+    array([[[5., 5.]]])
+    """
+    plan, x = _window("LpPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
+                      p=p)
+    return _dispatch.run_window(plan, x)
+
+
+def _global(op: str, x, p: float = 2.0):
+    x = _as_array(x)
+    dtype = _plan.check_dtype(op, x.dtype)
+    out_shape = _plan.global_out_shape(op, x.shape)
+    for axis, size in enumerate(x.shape[2:]):
+        if size == 0:
+            raise ValueError(f"{op}: spatial axis {axis} is empty (input shape {x.shape})")
+    return _dispatch.run_global(op, x, dtype, out_shape, p)
+
+
+_GLOBAL_DOC = """ONNX {op}: the {what} of each channel over all spatial axes.
+
+    Parameters
+    ----------
+    x : array_like
+        Input of shape (N, C, D1, ..., Dn), n >= 1, of dtype float16, bfloat16, float32 or
+        float64. Any layout; it is never modified.{extra}
+
+    Returns
+    -------
+    Y : ndarray
+        Shape (N, C, 1, ..., 1), the dtype of ``x``.{note}
+
+{raises}
+    """
+
+
+def global_max_pool(x):
+    return _global("GlobalMaxPool", x)
+
+
+def global_average_pool(x):
+    return _global("GlobalAveragePool", x)
+
+
+def global_lp_pool(x, *, p=2):
+    return _global("GlobalLpPool", x, _plan.check_p(p))
+
+
+global_max_pool.__doc__ = _GLOBAL_DOC.format(
+    op="GlobalMaxPool", what="largest element", extra="", raises=_RAISES,
+    note=" A channel holding NaN gives NaN.")
+global_average_pool.__doc__ = _GLOBAL_DOC.format(
+    op="GlobalAveragePool", what="mean", extra="", raises=_RAISES,
+    note=" The sum accumulates in float64 and is rounded once.")
+global_lp_pool.__doc__ = _GLOBAL_DOC.format(
+    op="GlobalLpPool", what="Lp norm", raises=_RAISES,
+    extra="\n    p : float\n        Order of the norm, any real number > 0.",
+    note=" The sum accumulates in float64 and is rounded once.")
+for _function in (max_pool, average_pool, lp_pool):
+    _function.__doc__ = _function.__doc__.format(window=_WINDOW_PARAMETERS, raises=_RAISES)
+
+
+def max_unpool(x, indices, kernel_shape, *, strides=None, pads=None, output_shape=None):
+    """ONNX MaxUnpool: put each element of ``x`` back where ``indices`` says, zeros elsewhere.
+
+    Parameters
+    ----------
+    x : array_like
+        Pooled values, shape (N, C, D1, ..., Dn), float16, bfloat16, float32 or float64.
+    indices : array_like of int
+        Same shape as ``x``: offsets such as MaxPool's Indices output, addressing the default
+        output shape, whose spatial axes are ``(D - 1) * stride + kernel - pad_begin -
+        pad_end``.
+    kernel_shape, strides, pads : sequence of int
+        The attributes of the MaxPool being inverted.
+    output_shape : sequence of int, optional
+        Full output shape (N, C, ...). The indices still address the default shape, and
+        the result is placed at the origin of this output.
+
+    Returns
+    -------
+    Y : ndarray
+        The dtype of ``x``. Where two indices coincide, the later element (row-major) wins.
+
+{raises}
+        Also if ``indices`` has another shape than ``x``, or holds an offset outside the
+        default output or a position outside ``output_shape``.
+
+    Examples
+    --------
+    >>> import numpy as np, numbapool
+    >>> x = np.array([[[[1.0, 2.0], [3.0, 4.0]]]], dtype=np.float32)
+    >>> i = np.array([[[[5, 7], [13, 15]]]])
+    >>> numbapool.max_unpool(x, i, [2, 2], strides=[2, 2])[0, 0]
+    array([[0., 0., 0., 0.],
+           [0., 1., 0., 2.],
+           [0., 0., 0., 0.],
+           [0., 3., 0., 4.]], dtype=float32)
+    """
+    x = _as_array(x)
+    indices = _as_array(indices)
+    plan = _plan.unpool_plan(x.shape, x.dtype, kernel_shape, strides, pads, output_shape)
+    _plan.check_unpool_indices(plan, indices)
+    return _dispatch.run_unpool(plan, x, indices)
+
+
+max_unpool.__doc__ = max_unpool.__doc__.format(raises=_RAISES)

@@ -1,0 +1,1 @@
+"""Numba kernels. Loops only: every attribute arrives here already validated and resolved."""

@@ -1,0 +1,142 @@
+"""Element loads and stores, dispatched on the storage dtype numba sees.
+
+Numba has no float16 or bfloat16 arrays on the CPU, so 16-bit floats travel as their bit
+patterns and are decoded element by element inside the loops (never a whole-array pass):
+
+    float16  -> uint16 view, decoded with LLVM's half <-> float conversions
+    bfloat16 -> int16 view, decoded by placing the 16 bits on top of a float32
+
+The two 16-bit formats use different integer types so that numba's type dispatch alone
+picks the decoder. Everything else is loaded as itself. Sums accumulate in float32, or in
+float64 for float64 input, and are rounded once on store.
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core.extending import intrinsic, overload
+
+
+@intrinsic
+def _half_bits_to_float32(typingctx, bits):
+    def codegen(context, builder, signature, args):
+        half = builder.bitcast(args[0], ir.HalfType())
+        return builder.fpext(half, ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def _float32_to_half_bits(typingctx, value):
+    # fptrunc rounds to nearest, ties to even, and keeps NaN and infinities.
+    def codegen(context, builder, signature, args):
+        half = builder.fptrunc(args[0], ir.HalfType())
+        return builder.bitcast(half, ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+@intrinsic
+def _bfloat16_bits_to_float32(typingctx, bits):
+    def codegen(context, builder, signature, args):
+        wide = builder.zext(builder.bitcast(args[0], ir.IntType(16)), ir.IntType(32))
+        return builder.bitcast(builder.shl(wide, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
+
+    return types.float32(types.int16), codegen
+
+
+@intrinsic
+def _float32_bits(typingctx, value):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def _low_16_bits_as_int16(typingctx, value):
+    def codegen(context, builder, signature, args):
+        return builder.trunc(args[0], ir.IntType(16))
+
+    return types.int16(types.uint32), codegen
+
+
+def decode(value):
+    """The value of one stored element, in the type the loops compute in."""
+
+
+@overload(decode, inline="always")
+def _decode_overload(value):
+    if value == types.uint16:
+        return lambda value: _half_bits_to_float32(value)
+    if value == types.int16:
+        return lambda value: _bfloat16_bits_to_float32(value)
+    if isinstance(value, (types.Float, types.Integer)):
+        return lambda value: value
+    return None
+
+
+def encode(value, out):
+    """``value`` rounded once to the element type of the array ``out``."""
+
+
+@overload(encode, inline="always")
+def _encode_overload(value, out):
+    dtype = out.dtype
+    if dtype == types.uint16:
+        return lambda value, out: _float32_to_half_bits(narrow_to_float32(value))
+
+    if dtype == types.int16:
+
+        def to_bfloat16(value, out):
+            bits = _float32_bits(narrow_to_float32(value))
+            if value != value:  # a quiet NaN that keeps the sign
+                return _low_16_bits_as_int16((bits >> np.uint32(16)) | np.uint32(0x0040))
+            # round to nearest, ties to even, on the 16 bits that are dropped
+            rounding = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+            return _low_16_bits_as_int16((bits + rounding) >> np.uint32(16))
+
+        return to_bfloat16
+    if isinstance(dtype, types.Float):
+        return lambda value, out: dtype(value)
+    return None
+
+
+@intrinsic
+def _float32_from_bits(typingctx, bits):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.uint32), codegen
+
+
+def narrow_to_float32(value):
+    """float64 -> float32 rounded to odd, so that a second rounding to 16 bits is exact."""
+
+
+@overload(narrow_to_float32, inline="always")
+def _narrow_to_float32_overload(value):
+    if value == types.float64:
+
+        def round_to_odd(value):
+            nearest = np.float32(value)
+            if np.float64(nearest) == value or value != value:
+                return nearest
+            bits = _float32_bits(nearest)
+            if abs(np.float64(nearest)) > abs(value):
+                bits -= np.uint32(1)  # step toward zero: the truncated value
+            return _float32_from_bits(bits | np.uint32(1))
+
+        return round_to_odd
+    return lambda value: np.float32(value)
+
+
+def as_accumulator(value, x):
+    """``value`` in the type that sums over elements of array ``x`` accumulate in."""
+
+
+@overload(as_accumulator, inline="always")
+def _as_accumulator_overload(value, x):
+    if x.dtype == types.float64:
+        return lambda value, x: np.float64(value)
+    return lambda value, x: np.float32(value)

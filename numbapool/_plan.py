@@ -1,0 +1,377 @@
+"""Attribute normalization: the one place where shapes, pads and windows are computed.
+
+Pure Python and NumPy, no numba. A public call turns its ONNX attributes into a frozen,
+hashable :class:`WindowPlan` (or :class:`UnpoolPlan`); plans are cached by their arguments,
+so a repeated call with the same shape, dtype and attributes normalizes once. The kernels
+receive the plan's geometry as run-time integer arrays and compute nothing but the pooling.
+
+Per spatial axis, with the window extent ``k_eff = (k - 1) * d + 1`` (docs/semantics.md):
+
+* explicit pads: ``out = floor((in + pb + pe - k_eff) / s) + 1``; with ``ceil_mode`` ceil
+  instead of floor, and a last window that would start in the right padding is dropped;
+* ``SAME_UPPER`` / ``SAME_LOWER``: ``out = ceil(in / s)``, total pad
+  ``max(0, (out - 1) * s + k_eff - in)``, the odd cell at the end (UPPER) or the beginning
+  (LOWER); ``ceil_mode`` changes nothing;
+* ``VALID``: zero pads, then the explicit rule, ``ceil_mode`` included.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+FLOAT_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(np.float64))
+MAX_POOL_DTYPES = FLOAT_DTYPES + (np.dtype(np.int8), np.dtype(np.uint8))
+AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    return "bfloat16" if dtype == BFLOAT16 else dtype.name
+
+
+def check_dtype(op: str, dtype: np.dtype, allowed=FLOAT_DTYPES) -> np.dtype:
+    """Return ``dtype`` in native byte order, or raise TypeError if ``op`` does not take it."""
+    native = dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
+    if native not in allowed:
+        names = ", ".join(_dtype_name(d) for d in allowed)
+        raise TypeError(f"{op} does not support dtype {dtype}; supported dtypes: {names}")
+    return native
+
+
+def check_rank(op: str, shape: tuple) -> int:
+    """Number of spatial axes of an (N, C, D1, ..., Dn) input; at least one is needed."""
+    if len(shape) < 3:
+        raise ValueError(
+            f"{op} needs an input of shape (N, C, D1, ..., Dn) with at least one spatial axis; "
+            f"got an input of shape {shape}"
+        )
+    return len(shape) - 2
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def int_tuple(name: str, value, length: int, minimum: int) -> tuple:
+    """``value`` as a tuple of ``length`` Python ints, each at least ``minimum``."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TypeError(f"{name} must be a sequence of {length} integers; got {value!r}")
+    if isinstance(value, np.ndarray) and value.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional; got an array of shape {value.shape}")
+    items = list(value)
+    if not all(_is_int(v) for v in items):
+        raise TypeError(f"{name} must contain integers; got {value!r}")
+    if len(items) != length:
+        raise ValueError(f"{name} must have {length} values; got {len(items)}: {value!r}")
+    items = [int(v) for v in items]
+    for axis, v in enumerate(items):
+        if v < minimum:
+            raise ValueError(f"{name}[{axis}] must be >= {minimum}; got {v} in {name}={value!r}")
+    return tuple(items)
+
+
+def flag(name: str, value) -> int:
+    """An ONNX 0/1 integer attribute (Python bools are accepted too)."""
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if not _is_int(value) or int(value) not in (0, 1):
+        raise ValueError(f"{name} must be 0 or 1; got {value!r}")
+    return int(value)
+
+
+def check_p(value) -> float:
+    """LpPool's order: any real number > 0 (LpPool-1 has a float p)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"p must be a real number > 0; got {value!r}")
+    p = float(value)
+    if not (p > 0 and math.isfinite(p)):
+        raise ValueError(f"p must be a finite number > 0; got {value!r}")
+    return p
+
+
+# --------------------------------------------------------------------------- the window plan
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """A windowed pooling call, fully resolved: what the kernels need and nothing more.
+
+    All per-axis tuples have one entry per spatial axis.
+    """
+
+    op: str  # "MaxPool", "AveragePool" or "LpPool"
+    in_shape: tuple
+    dtype: np.dtype
+    kernel_shape: tuple
+    strides: tuple
+    dilations: tuple
+    pads_begin: tuple
+    pads_end: tuple
+    out_shape: tuple
+    ceil_mode: int = 0
+    count_include_pad: int = 0
+    p: float = 2.0
+    storage_order: int = 0
+
+    @property
+    def spatial_in(self) -> tuple:
+        return self.in_shape[2:]
+
+    @property
+    def spatial_out(self) -> tuple:
+        return self.out_shape[2:]
+
+    @functools.cached_property
+    def geometry(self) -> dict:
+        """The window geometry as int64 arrays, in the order the kernels take them.
+
+        ``taps`` lists every tap of the window as per-axis tap numbers, in row-major order
+        (the scan order that decides ties and the first NaN); ``tap_offsets`` is each tap's
+        element offset from the window's first tap in a C-ordered input.
+        """
+        rank = len(self.kernel_shape)
+        spatial = np.array(self.spatial_in, dtype=np.int64)
+        row_major = _row_major_strides(self.spatial_in)
+        taps = np.indices(self.kernel_shape, dtype=np.int64).reshape(rank, -1).T.copy()
+        tap_offsets = taps @ (np.array(self.dilations, dtype=np.int64) * row_major)
+        # storage_order=1 numbers the spatial offset column-major: first axis fastest.
+        if self.storage_order:
+            index_strides = _row_major_strides(self.spatial_in[::-1])[::-1].copy()
+        else:
+            index_strides = row_major
+        return dict(
+            in_spatial=spatial,
+            out_spatial=np.array(self.spatial_out, dtype=np.int64),
+            strides=np.array(self.strides, dtype=np.int64),
+            dilations=np.array(self.dilations, dtype=np.int64),
+            pads_begin=np.array(self.pads_begin, dtype=np.int64),
+            pads_end=np.array(self.pads_end, dtype=np.int64),
+            input_strides=row_major,
+            index_strides=index_strides,
+            taps=taps,
+            tap_offsets=np.ascontiguousarray(tap_offsets),
+        )
+
+    def _repr_html_(self) -> str:
+        rows = [
+            ("op", self.op),
+            ("dtype", _dtype_name(self.dtype)),
+            ("input shape", self.in_shape),
+            ("output shape", self.out_shape),
+            ("kernel_shape", self.kernel_shape),
+            ("strides", self.strides),
+            ("dilations", self.dilations),
+            ("pads (begin)", self.pads_begin),
+            ("pads (end)", self.pads_end),
+            ("ceil_mode", self.ceil_mode),
+        ]
+        if self.op == "AveragePool":
+            rows.append(("count_include_pad", self.count_include_pad))
+        if self.op == "LpPool":
+            rows.append(("p", self.p))
+        if self.op == "MaxPool":
+            rows.append(("storage_order", self.storage_order))
+        body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
+        return f"<table>{body}</table>"
+
+
+def _row_major_strides(shape) -> np.ndarray:
+    strides = np.ones(len(shape), dtype=np.int64)
+    for axis in range(len(shape) - 2, -1, -1):
+        strides[axis] = strides[axis + 1] * shape[axis + 1]
+    return strides
+
+
+def output_length(op: str, axis: int, size: int, k_eff: int, stride: int,
+                  pad_begin: int, pad_end: int, ceil_mode: int) -> int:
+    """Output positions along one axis, explicit pads (docs/semantics.md, decision 1)."""
+    span = size + pad_begin + pad_end - k_eff
+    if span < 0:
+        raise ValueError(
+            f"{op}: no output position along spatial axis {axis}: the window extent {k_eff} "
+            f"is larger than the padded input ({size} + {pad_begin} + {pad_end} = "
+            f"{size + pad_begin + pad_end})"
+        )
+    if not ceil_mode:
+        return span // stride + 1
+    count = -(-span // stride) + 1
+    if (count - 1) * stride >= size + pad_begin:  # the last window would start in the end pad
+        count -= 1
+    return count
+
+
+def same_pads(size: int, k_eff: int, stride: int, auto_pad: str) -> tuple:
+    """(begin, end) pads of SAME_UPPER / SAME_LOWER (docs/semantics.md, decision 2)."""
+    out = -(-size // stride)
+    total = max(0, (out - 1) * stride + k_eff - size)
+    small, large = total // 2, total - total // 2
+    return (small, large) if auto_pad == "SAME_UPPER" else (large, small)
+
+
+def window_plan(op: str, shape: tuple, dtype: np.dtype, kernel_shape, strides=None, pads=None,
+                auto_pad="NOTSET", ceil_mode=0, dilations=None, count_include_pad=0, p=2,
+                storage_order=0) -> WindowPlan:
+    """Validate and resolve one windowed pooling call; cached when the arguments hash."""
+    args = (op, tuple(shape), dtype, _freeze(kernel_shape), _freeze(strides), _freeze(pads),
+            auto_pad, ceil_mode, _freeze(dilations), count_include_pad, p, storage_order)
+    try:
+        return _cached_window_plan(*args)
+    except TypeError as error:
+        if "unhashable" not in str(error):
+            raise
+        return _window_plan(*args)
+
+
+def _freeze(value):
+    """Integer sequences as tuples, so that they can key the plan cache.
+
+    Anything else stays as it is: a list that still holds non-integers is unhashable and
+    takes the uncached path, whose validation names the bad value (1.0 == 1 must not hit
+    the cache entry of a valid call).
+    """
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return tuple(value) if all(_is_int(v) for v in value) else list(value)
+    return value
+
+
+def _window_plan(op, shape, dtype, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
+                 count_include_pad, p, storage_order) -> WindowPlan:
+    allowed = MAX_POOL_DTYPES if op == "MaxPool" else FLOAT_DTYPES
+    dtype = check_dtype(op, np.dtype(dtype), allowed)
+    rank = check_rank(op, shape)
+    if kernel_shape is None:
+        raise ValueError(f"{op} needs kernel_shape")
+    kernel = int_tuple("kernel_shape", kernel_shape, rank, 1)
+    strides = (1,) * rank if strides is None else int_tuple("strides", strides, rank, 1)
+    dilations = (1,) * rank if dilations is None else int_tuple("dilations", dilations, rank, 1)
+    ceil_mode = flag("ceil_mode", ceil_mode)
+    count_include_pad = flag("count_include_pad", count_include_pad)
+    storage_order = flag("storage_order", storage_order)
+    p = check_p(p)
+    if not isinstance(auto_pad, str) or auto_pad not in AUTO_PADS:
+        raise ValueError(f"auto_pad must be one of {', '.join(AUTO_PADS)}; got {auto_pad!r}")
+    if pads is not None and auto_pad != "NOTSET":
+        raise ValueError(f"pads cannot be used together with auto_pad={auto_pad!r}; got pads={pads!r}")
+
+    spatial = shape[2:]
+    k_eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pairs = [same_pads(n, e, s, auto_pad) for n, e, s in zip(spatial, k_eff, strides)]
+        begin, end = tuple(b for b, _ in pairs), tuple(e for _, e in pairs)
+        rounding = 0  # out = ceil(in / s) whatever ceil_mode says
+    else:
+        flat = (0,) * (2 * rank) if pads is None else int_tuple("pads", pads, 2 * rank, 0)
+        begin, end = flat[:rank], flat[rank:]
+        rounding = ceil_mode
+    out = tuple(
+        output_length(op, axis, n, e, s, b, a, rounding)
+        for axis, (n, e, s, b, a) in enumerate(zip(spatial, k_eff, strides, begin, end))
+    )
+    return WindowPlan(op, tuple(shape), dtype, kernel, strides, dilations, begin, end,
+                      tuple(shape[:2]) + out, ceil_mode, count_include_pad, p, storage_order)
+
+
+_cached_window_plan = functools.lru_cache(maxsize=1024, typed=True)(_window_plan)
+
+
+# --------------------------------------------------------------------------- global pools
+
+
+def global_out_shape(op: str, shape: tuple) -> tuple:
+    """(N, C, 1, ..., 1): one value per channel."""
+    rank = check_rank(op, shape)
+    return tuple(shape[:2]) + (1,) * rank
+
+
+# --------------------------------------------------------------------------- MaxUnpool
+
+
+@dataclass(frozen=True)
+class UnpoolPlan:
+    """MaxUnpool resolved: indices address ``default_shape``, the result has ``out_shape``."""
+
+    in_shape: tuple
+    dtype: np.dtype
+    default_shape: tuple
+    out_shape: tuple
+
+    @functools.cached_property
+    def geometry(self) -> dict:
+        return dict(
+            default_spatial=np.array(self.default_shape[2:], dtype=np.int64),
+            out_strides=_row_major_strides(self.out_shape[2:]),
+        )
+
+
+def unpool_plan(shape: tuple, dtype: np.dtype, kernel_shape, strides=None, pads=None,
+                output_shape=None) -> UnpoolPlan:
+    """Per axis the default output is ``(in - 1) * s + k - pb - pe`` (MaxUnpool's inverse)."""
+    op = "MaxUnpool"
+    dtype = check_dtype(op, np.dtype(dtype))
+    rank = check_rank(op, shape)
+    if kernel_shape is None:
+        raise ValueError(f"{op} needs kernel_shape")
+    kernel = int_tuple("kernel_shape", kernel_shape, rank, 1)
+    strides = (1,) * rank if strides is None else int_tuple("strides", strides, rank, 1)
+    flat = (0,) * (2 * rank) if pads is None else int_tuple("pads", pads, 2 * rank, 0)
+    default = []
+    for axis, (n, k, s, b, e) in enumerate(zip(shape[2:], kernel, strides, flat[:rank], flat[rank:])):
+        size = (n - 1) * s + k - b - e
+        if size < 1:
+            raise ValueError(
+                f"{op}: spatial axis {axis} would have {size} elements: "
+                f"({n} - 1) * {s} + {k} - {b} - {e}"
+            )
+        default.append(size)
+    default_shape = tuple(shape[:2]) + tuple(default)
+    if output_shape is None:
+        out_shape = default_shape
+    else:
+        out_shape = int_tuple("output_shape", output_shape, rank + 2, 0)
+        if out_shape[:2] != default_shape[:2]:
+            raise ValueError(
+                f"output_shape must keep N and C of the input {default_shape[:2]}; got {out_shape}"
+            )
+    return UnpoolPlan(tuple(shape), dtype, default_shape, out_shape)
+
+
+def check_unpool_indices(plan: UnpoolPlan, indices: np.ndarray) -> None:
+    """Indices must match X's shape and address the default output, at a position that
+    exists in the requested output."""
+    if indices.dtype.kind not in "iu":
+        raise TypeError(f"MaxUnpool indices must be integers; got dtype {indices.dtype}")
+    if indices.shape != plan.in_shape:
+        raise ValueError(
+            f"MaxUnpool indices must have the shape of X {plan.in_shape}; got {indices.shape}"
+        )
+    if indices.size == 0:
+        return
+    limit = math.prod(plan.default_shape)
+    low, high = int(indices.min()), int(indices.max())
+    if low < 0 or high >= limit:
+        bad = low if low < 0 else high
+        raise ValueError(
+            f"MaxUnpool index {bad} is outside [0, {limit}), the default output "
+            f"{plan.default_shape}"
+        )
+    default_spatial, out_spatial = plan.default_shape[2:], plan.out_shape[2:]
+    if all(o >= d for o, d in zip(out_spatial, default_spatial)):
+        return
+    spatial = np.unravel_index(indices.reshape(-1) % math.prod(default_spatial), default_spatial)
+    for axis, (position, size) in enumerate(zip(spatial, out_spatial)):
+        if position.size and int(position.max()) >= size:
+            raise ValueError(
+                f"MaxUnpool index puts an element at position {int(position.max())} of spatial "
+                f"axis {axis}, outside output_shape {plan.out_shape}"
+            )
