@@ -1,0 +1,166 @@
+"""Differential property tests: numbapool against the naive reference, with hypothesis.
+
+Every operator, every attribute, ranks 1 to 4, every dtype, ties, NaN and empty windows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import numbapool
+import reference
+
+FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
+INTS = [np.int8, np.uint8]
+# Few distinct values, so that windows hold ties; NaN and infinities now and then.
+SPECIAL = [np.nan, np.inf, -np.inf]
+
+# Per dtype: the relative tolerance of one rounding of the result, plus accumulation.
+RTOL = {np.dtype(np.float16): 2e-3, np.dtype(ml_dtypes.bfloat16): 1.6e-2,
+        np.dtype(np.float32): 2e-6, np.dtype(np.float64): 1e-12}
+
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def inputs(draw, dtypes, allow_special=True):
+    rank = draw(st.integers(1, 4))
+    max_side = {1: 9, 2: 6, 3: 4, 4: 3}[rank]
+    spatial = draw(st.lists(st.integers(1, max_side), min_size=rank, max_size=rank))
+    n, c = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    dtype = np.dtype(draw(st.sampled_from(dtypes)))
+    size = n * c * math.prod(spatial)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        values = draw(st.lists(st.sampled_from([info.min, info.min + 1, 0, 1, 7, info.max]),
+                               min_size=size, max_size=size))
+    else:
+        pool = [-2.5, -1.0, 0.0, 0.5, 1.0, 3.0] + (SPECIAL if allow_special else [])
+        values = draw(st.lists(st.sampled_from(pool) | st.floats(-8, 8, width=16),
+                               min_size=size, max_size=size))
+    return np.array(values, dtype=np.float64).astype(dtype).reshape(n, c, *spatial)
+
+
+@st.composite
+def window_attributes(draw, rank, with_dilations=True):
+    kernel = draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
+    attrs = dict(kernel_shape=kernel)
+    if draw(st.booleans()):
+        attrs["strides"] = draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
+    if with_dilations and draw(st.booleans()):
+        attrs["dilations"] = draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
+    auto_pad = draw(st.sampled_from(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+    if auto_pad != "NOTSET":
+        attrs["auto_pad"] = auto_pad
+    elif draw(st.booleans()):
+        # pads may exceed the kernel: windows with no tap inside the input
+        attrs["pads"] = draw(st.lists(st.integers(0, 4), min_size=2 * rank, max_size=2 * rank))
+    attrs["ceil_mode"] = draw(st.integers(0, 1))
+    return attrs
+
+
+def _reference_or_error(op, x, attrs):
+    try:
+        return reference.pool(op, x, **attrs), None
+    except ValueError as error:
+        return None, error
+
+
+def _check_float(actual, expected, dtype):
+    assert actual.dtype == dtype
+    assert actual.shape == expected.shape
+    # the reference is exact in float64; numbapool rounds once to the dtype
+    np.testing.assert_allclose(actual.astype(np.float64), expected, rtol=RTOL[np.dtype(dtype)],
+                               atol=np.finfo(np.float32).tiny if dtype != np.float64 else 0)
+
+
+@SETTINGS
+@given(st.data())
+def test_max_pool(data):
+    x = data.draw(inputs(FLOATS + INTS))
+    attrs = data.draw(window_attributes(x.ndim - 2))
+    attrs["storage_order"] = data.draw(st.integers(0, 1))
+    expected, error = _reference_or_error("MaxPool", x, attrs)
+    if error is not None:
+        with pytest.raises(ValueError, match="no output position along spatial axis"):
+            numbapool.max_pool(x, **attrs)
+        return
+    y, indices = numbapool.max_pool(x, return_indices=True, **attrs)
+    y_ref, indices_ref = expected
+    assert y.dtype == x.dtype and y.shape == y_ref.shape
+    # MaxPool returns input elements: compare the bits, NaN included
+    np.testing.assert_array_equal(y.view(np.uint8), y_ref.view(np.uint8))
+    np.testing.assert_array_equal(indices, indices_ref)
+    np.testing.assert_array_equal(numbapool.max_pool(x, **attrs).view(np.uint8), y.view(np.uint8))
+
+
+@SETTINGS
+@given(st.data())
+def test_average_pool(data):
+    x = data.draw(inputs(FLOATS))
+    attrs = data.draw(window_attributes(x.ndim - 2))
+    attrs["count_include_pad"] = data.draw(st.integers(0, 1))
+    expected, error = _reference_or_error("AveragePool", x, attrs)
+    if error is not None:
+        with pytest.raises(ValueError, match="no output position along spatial axis"):
+            numbapool.average_pool(x, **attrs)
+        return
+    _check_float(numbapool.average_pool(x, **attrs), expected, x.dtype)
+
+
+@SETTINGS
+@given(st.data())
+def test_lp_pool(data):
+    x = data.draw(inputs(FLOATS))
+    attrs = data.draw(window_attributes(x.ndim - 2))
+    attrs["p"] = data.draw(st.sampled_from([1, 2, 3, 0.5, 2.5]))
+    expected, error = _reference_or_error("LpPool", x, attrs)
+    if error is not None:
+        with pytest.raises(ValueError, match="no output position along spatial axis"):
+            numbapool.lp_pool(x, **attrs)
+        return
+    _check_float(numbapool.lp_pool(x, **attrs), expected, x.dtype)
+
+
+@SETTINGS
+@given(st.data())
+def test_global_pools(data):
+    x = data.draw(inputs(FLOATS))
+    p = data.draw(st.sampled_from([1, 2, 3, 0.5]))
+    got = numbapool.global_max_pool(x)
+    np.testing.assert_array_equal(got.astype(np.float64), reference.global_pool("GlobalMaxPool", x))
+    _check_float(numbapool.global_average_pool(x), reference.global_pool("GlobalAveragePool", x),
+                 x.dtype)
+    _check_float(numbapool.global_lp_pool(x, p=p), reference.global_pool("GlobalLpPool", x, p),
+                 x.dtype)
+
+
+@SETTINGS
+@given(st.data())
+def test_max_unpool(data):
+    x = data.draw(inputs(FLOATS, allow_special=False))
+    rank = x.ndim - 2
+    kernel = data.draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
+    strides = data.draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
+    pads = data.draw(st.lists(st.integers(0, 1), min_size=2 * rank, max_size=2 * rank))
+    default = [(n - 1) * s + k - b - e
+               for n, s, k, b, e in zip(x.shape[2:], strides, kernel, pads[:rank], pads[rank:])]
+    assume(all(d >= 1 for d in default))
+    output_shape = None
+    if data.draw(st.booleans()):
+        output_shape = list(x.shape[:2]) + [d + data.draw(st.integers(0, 2)) for d in default]
+    limit = x.shape[0] * x.shape[1] * math.prod(default)
+    indices = np.array(data.draw(st.lists(st.integers(0, limit - 1), min_size=x.size,
+                                          max_size=x.size)), dtype=np.int64).reshape(x.shape)
+    got = numbapool.max_unpool(x, indices, kernel, strides=strides, pads=pads,
+                               output_shape=output_shape)
+    expected = reference.unpool(x, indices, kernel, strides=strides, pads=pads,
+                                output_shape=output_shape)
+    assert got.dtype == x.dtype
+    np.testing.assert_array_equal(got.astype(np.float64), expected)
