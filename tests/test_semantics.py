@@ -1,0 +1,115 @@
+"""One test per decision in docs/semantics.md, on the examples written there."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import numbapool
+
+NAN = np.nan
+
+
+def row(*values, dtype=np.float32):
+    """A (1, 1, n) input."""
+    return np.array(values, dtype=dtype).reshape(1, 1, -1)
+
+
+def same(actual, expected):
+    np.testing.assert_array_equal(actual, np.asarray(expected, dtype=actual.dtype).reshape(actual.shape))
+
+
+def test_1_explicit_pads_floor_and_ceil():
+    x = row(1, 2, 3, 4, 5)
+    same(numbapool.max_pool(x, [2], strides=[2]), [2, 4])
+    same(numbapool.max_pool(x, [2], strides=[2], ceil_mode=1), [2, 4, 5])
+    y = numbapool.max_pool(row(1, 2, 3, 4), [2], strides=[2], pads=[0, 1], ceil_mode=1)
+    same(y, [2, 4])
+
+
+def test_2_same_pads_count_dilations_and_ignore_ceil_mode():
+    x = row(1, 2, 3, 4)
+    same(numbapool.average_pool(x, [3], strides=[2], auto_pad="SAME_UPPER"), [2, 3.5])
+    same(numbapool.average_pool(x, [3], strides=[2], auto_pad="SAME_LOWER"), [1.5, 3])
+    same(numbapool.average_pool(x, [2], dilations=[2], auto_pad="SAME_UPPER"), [2, 2, 3, 3])
+    same(numbapool.average_pool(x, [2], dilations=[2], auto_pad="SAME_UPPER", ceil_mode=1),
+         [2, 2, 3, 3])
+
+
+def test_3_valid_applies_ceil_mode():
+    x = row(1, 2, 3, 4, 5)
+    same(numbapool.max_pool(x, [2], strides=[2], auto_pad="VALID", ceil_mode=1), [2, 4, 5])
+
+
+def test_4_average_divisor():
+    x = row(1, 2, 3, 4, 5, 6)
+    attrs = dict(strides=[2], pads=[1, 1], ceil_mode=1)
+    same(numbapool.average_pool(x, [3], count_include_pad=0, **attrs), [1.5, 3, 5, 6])
+    same(numbapool.average_pool(x, [3], count_include_pad=1, **attrs), [1, 3, 5, 3])
+
+
+def test_5_lp_pool():
+    same(numbapool.lp_pool(row(3, -4, 1, 1), [2], strides=[2], p=1), [7, 2])
+    same(numbapool.lp_pool(row(3, -4), [2], p=2), [5])
+    same(numbapool.lp_pool(row(1, 1), [2], p=0.5), [4])
+
+
+def test_6_window_with_no_tap_inside():
+    x = row(1, 2, 3, 4, 5)
+    y, indices = numbapool.max_pool(x, [1], pads=[2, 0], return_indices=True)
+    same(y, [-np.inf, -np.inf, 1, 2, 3, 4, 5])
+    same(indices, [-1, -1, 0, 1, 2, 3, 4])
+    same(numbapool.max_pool(x.astype(np.int8), [1], pads=[1, 0]), [-128, 1, 2, 3, 4, 5])
+    same(numbapool.max_pool(x.astype(np.uint8), [1], pads=[1, 0]), [0, 1, 2, 3, 4, 5])
+    same(numbapool.average_pool(x, [1], pads=[1, 0]), [0, 1, 2, 3, 4, 5])
+    same(numbapool.lp_pool(x, [1], pads=[1, 0]), [0, 1, 2, 3, 4, 5])
+
+
+def test_7_nan():
+    y, indices = numbapool.max_pool(row(1, NAN, 3, NAN), [4], return_indices=True)
+    assert np.isnan(y).all()
+    same(indices, [1])
+    assert np.isnan(numbapool.average_pool(row(1, NAN), [2])).all()
+
+
+def test_8_indices():
+    channel = np.array([[0, 1, 5], [2, 3, 4]], dtype=np.float32)
+    x = np.stack([channel, channel + 10])[None]
+    _, row_major = numbapool.max_pool(x, [2, 3], return_indices=True)
+    same(row_major, [2, 8])
+    _, column_major = numbapool.max_pool(x, [2, 3], storage_order=1, return_indices=True)
+    same(column_major, [4, 10])
+    ties = np.array([[[2, 5, 5]], [[5, 1, 5]]], dtype=np.float32).reshape(1, 2, 3)
+    _, indices = numbapool.max_pool(ties, [3], return_indices=True)
+    same(indices, [1, 3])
+
+
+def test_9_pads_larger_than_the_kernel():
+    same(numbapool.average_pool(row(1, 2, 3, 4, 5), [2], strides=[3], pads=[4, 4]),
+         [0, 1, 3.5, 0])
+
+
+def test_10_ranks_and_empty_inputs():
+    assert numbapool.max_pool(np.zeros((0, 3, 4, 4), np.float32), [2, 2]).shape == (0, 3, 3, 3)
+    assert numbapool.average_pool(np.zeros((2, 0, 5), np.float32), [2]).shape == (2, 0, 4)
+    y, i = numbapool.max_pool(np.zeros((1, 0, 4), np.float32), [2], return_indices=True)
+    assert y.shape == i.shape == (1, 0, 3)
+    with pytest.raises(ValueError, match="no output position along spatial axis 1"):
+        numbapool.max_pool(np.zeros((1, 1, 4, 2)), [3, 3])
+    x = np.arange(2 * 3 * 4 * 3 * 2, dtype=np.float64).reshape(1, 1, 2, 3, 4, 3, 2)
+    assert numbapool.max_pool(x, [1, 2, 2, 2, 2]).shape == (1, 1, 2, 2, 3, 2, 1)
+
+
+def test_11_max_unpool():
+    x = np.array([[[[1, 2], [3, 4]]]], dtype=np.float32)
+    indices = np.array([[[[5, 7], [13, 15]]]])
+    same(numbapool.max_unpool(x, indices, [2, 2], strides=[2, 2]),
+         [[0, 0, 0, 0], [0, 1, 0, 2], [0, 0, 0, 0], [0, 3, 0, 4]])
+    y = numbapool.max_unpool(x, indices, [2, 2], strides=[2, 2], output_shape=(1, 1, 5, 5))
+    same(y, [[0, 0, 0, 0, 0], [0, 1, 0, 2, 0], [0, 0, 0, 0, 0], [0, 3, 0, 4, 0], [0, 0, 0, 0, 0]])
+    with pytest.raises(ValueError, match="index 16 is outside"):
+        numbapool.max_unpool(x, indices + 1, [2, 2], strides=[2, 2])
+    with pytest.raises(ValueError, match="outside output_shape"):
+        numbapool.max_unpool(x, indices, [2, 2], strides=[2, 2], output_shape=(1, 1, 3, 3))
+    # a repeated index keeps the later element
+    same(numbapool.max_unpool(row(1, 2), np.array([[[0, 0]]]), [1]), [2, 0])
