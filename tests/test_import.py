@@ -1,0 +1,23 @@
+"""`import numbapool` compiles nothing and needs only numpy, numba and ml_dtypes."""
+
+import json
+import subprocess
+import sys
+
+SCRIPT = """
+import json, sys
+import numbapool
+from numbapool._kernels import global_, unpool, window
+kernels = [window.max_pool, window.average_pool, window.lp_pool, global_.global_max_pool,
+           global_.global_average_pool, global_.global_lp_pool, unpool.max_unpool]
+optional = ["onnx", "onnxruntime", "torch", "dask", "hypothesis", "tqdm"]
+print(json.dumps({"compiled": sum(len(k.signatures) for k in kernels),
+                  "optional": [m for m in optional if m in sys.modules]}))
+"""
+
+
+def test_import_compiles_nothing_and_loads_no_optional_package():
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                         check=True).stdout
+    report = json.loads(out)
+    assert report == {"compiled": 0, "optional": []}
