@@ -1,0 +1,44 @@
+"""asv suite: the canonical cases of numbapool._cases, per thread count.
+
+Fixed inputs come from a cache (``make_input``), compilation happens in ``setup`` outside
+the timed body, and ``timeraw_`` measures import plus a first call in a fresh process.
+"""
+
+import numba
+
+from numbapool._cases import CASES, make_input, run
+
+CASE_NAMES = [case.name for case in CASES]
+THREADS = sorted({1, numba.config.NUMBA_NUM_THREADS})
+
+
+class Pooling:
+    params = (CASE_NAMES, THREADS)
+    param_names = ["case", "threads"]
+    timeout = 300
+
+    def setup(self, name, threads):
+        self.case = CASES[CASE_NAMES.index(name)]
+        self.x = make_input(self.case.shape, self.case.dtype)
+        numba.set_num_threads(threads)
+        run(self.case, self.x)  # compile (or load from the disk cache) before timing
+
+    def time_call(self, name, threads):
+        run(self.case, self.x)
+
+    def peakmem_call(self, name, threads):
+        run(self.case, self.x)
+
+
+class FirstCall:
+    """Import and the first max_pool in a fresh process (the disk cache warm after one run)."""
+
+    repeat = 3
+    number = 1
+
+    def timeraw_import_and_first_max_pool(self):
+        return """
+import numpy as np
+import numbapool
+numbapool.max_pool(np.ones((1, 3, 8, 8), np.float32), [2, 2], strides=[2, 2])
+"""

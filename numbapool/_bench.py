@@ -1,0 +1,227 @@
+"""``python -m numbapool bench``: numbapool side by side with the installed peers.
+
+Method, so that a ratio means something on a small, noisy machine:
+
+* one thread count for everyone (numba threads = onnxruntime intra_op_num_threads = torch
+  threads); onnxruntime without spinning, at the faster of its EXTENDED and ALL graph levels;
+* engines run interleaved, in blocks of at least ``BLOCK_SECONDS`` each, round after round;
+  a time is the median over rounds, a ratio the median of the per-round ratios;
+* the roofline is (bytes read + bytes written) / the bandwidth of a streaming copy measured
+  in the same run with the same threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numba
+import numpy as np
+
+from ._cases import CASES, Case, make_input, run
+
+BLOCK_SECONDS = 0.025
+
+
+def _timed_block(function) -> float:
+    """Seconds per call, over a block of calls lasting at least BLOCK_SECONDS."""
+    calls = 0
+    start = time.perf_counter()
+    while True:
+        function()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= BLOCK_SECONDS:
+            return elapsed / calls
+
+
+@numba.njit(parallel=True, cache=True)
+def _stream_copy(source, destination):
+    for i in numba.prange(source.shape[0]):
+        destination[i] = source[i]
+
+
+def copy_bandwidth(rounds: int = 5) -> float:
+    """Bytes per second of a parallel streaming copy of 256 MiB (read + write counted)."""
+    source = np.ones(32 * 2**20, dtype=np.float64)
+    destination = np.empty_like(source)
+    _stream_copy(source, destination)
+    best = min(_timed_block(lambda: _stream_copy(source, destination)) for _ in range(rounds))
+    return 2 * source.nbytes / best
+
+
+# --------------------------------------------------------------------------- peers
+
+
+def _onnxruntime_runner(case: Case, x: np.ndarray, threads: int):
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    element = helper.np_dtype_to_tensor_dtype(x.dtype)
+    outputs = ["y", "indices"] if case.return_indices else ["y"]
+    node = helper.make_node(case.op, ["x"], outputs, **case.attrs)
+    graph = helper.make_graph(
+        [node], "bench", [helper.make_tensor_value_info("x", element, x.shape)],
+        [helper.make_tensor_value_info(name, element if name == "y" else onnx.TensorProto.INT64,
+                                       None) for name in outputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    model.ir_version = 10
+    runners = []
+    for level in (ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+                  ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = level
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        feed = {"x": x}
+        runners.append(lambda session=session, feed=feed: session.run(None, feed))
+    for runner in runners:
+        runner()
+    return min(runners, key=lambda r: min(_timed_block(r) for _ in range(3)))
+
+
+def _torch_runner(case: Case, x: np.ndarray, threads: int):
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    tensor = torch.from_numpy(np.array(x))
+    rank = x.ndim - 2
+    attrs = case.attrs
+    if case.op == "GlobalAveragePool":
+        axes = tuple(range(2, x.ndim))
+        return lambda: tensor.mean(dim=axes, keepdim=True)
+    if case.op == "GlobalMaxPool":
+        axes = tuple(range(2, x.ndim))
+        return lambda: tensor.amax(dim=axes, keepdim=True)
+    kernel = attrs["kernel_shape"]
+    strides = attrs.get("strides", [1] * rank)
+    pads = attrs.get("pads", [0] * (2 * rank))
+    if pads[:rank] != pads[rank:] or any(2 * p > k for p, k in zip(pads[:rank], kernel)):
+        return None  # torch pads symmetrically, at most half the kernel
+    padding = pads[:rank]
+    if case.op == "MaxPool":
+        function = getattr(F, f"max_pool{rank}d")
+        dilation = attrs.get("dilations", [1] * rank)
+        return lambda: function(tensor, kernel, strides, padding, dilation,
+                                return_indices=case.return_indices)
+    if case.op == "AveragePool":
+        function = getattr(F, f"avg_pool{rank}d")
+        include = bool(attrs.get("count_include_pad", 0))
+        return lambda: function(tensor, kernel, strides, padding, count_include_pad=include)
+    return None  # LpPool: torch has no padding for it
+
+
+PEERS = {"onnxruntime": _onnxruntime_runner, "torch": _torch_runner}
+
+
+def _peer_runners(case: Case, x: np.ndarray, threads: int) -> dict:
+    runners = {}
+    for name, make in PEERS.items():
+        try:
+            runner = make(case, x, threads)
+            if runner is not None:
+                runner()
+                runners[name] = runner
+        except ImportError:
+            continue
+        except Exception as error:  # a peer that cannot run a case is reported, not fatal
+            print(f"  ({name} cannot run {case.name}: {type(error).__name__}: {error})")
+    return runners
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def measure(case: Case, threads: int, rounds: int, bandwidth: float) -> dict:
+    x = make_input(case.shape, case.dtype)
+    outputs = run(case, x)  # compiles, and gives the bytes written
+    bytes_moved = x.nbytes + sum(o.nbytes for o in outputs)
+    engines = {"numbapool": lambda: run(case, x), **_peer_runners(case, x, threads)}
+    times = {name: [] for name in engines}
+    order = list(engines)
+    for r in range(rounds):
+        for name in order[r % len(order):] + order[:r % len(order)]:  # rotate who goes first
+            times[name].append(_timed_block(engines[name]))
+    row = {"case": case.name, "bytes": bytes_moved}
+    for name, samples in times.items():
+        row[f"{name} ms"] = 1e3 * statistics.median(samples)
+    peers = [name for name in engines if name != "numbapool"]
+    ratios = {name: statistics.median(a / b for a, b in zip(times["numbapool"], times[name]))
+              for name in peers}
+    # the best peer is the fastest one: the largest numbapool / peer ratio
+    row["vs best peer"] = max(ratios.values()) if ratios else None
+    row["best peer"] = max(ratios, key=ratios.get) if ratios else None
+    row["vs roofline"] = statistics.median(times["numbapool"]) / (bytes_moved / bandwidth)
+    return row
+
+
+def format_table(rows: list, threads: int, bandwidth: float) -> str:
+    def cell(value, digits=3):
+        return "n/a" if value is None else f"{value:.{digits}f}"
+
+    lines = [f"threads: {threads}; streaming copy: {bandwidth / 1e9:.2f} GB/s", "",
+             "| case | numbapool ms | onnxruntime ms | torch ms | numbapool / best peer "
+             "| numbapool / roofline |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for row in rows:
+        lines.append(
+            f"| {row['case']} | {cell(row['numbapool ms'])} | {cell(row.get('onnxruntime ms'))} "
+            f"| {cell(row.get('torch ms'))} | {cell(row['vs best peer'], 2)} "
+            f"| {cell(row['vs roofline'], 2)} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [row["case"] for row in rows]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    positions = np.arange(len(rows))
+    ax.bar(positions - 0.2, [row["vs best peer"] or np.nan for row in rows], 0.4,
+           label="numbapool / best peer")
+    ax.bar(positions + 0.2, [row["vs roofline"] for row in rows], 0.4,
+           label="numbapool / roofline")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(positions, names, rotation=45, ha="right")
+    ax.set_ylabel("time ratio (lower is better)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m numbapool bench",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (5 instead of 25)")
+    parser.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
+    parser.add_argument("--cases", nargs="+", metavar="NAME",
+                        help="only these cases: " + ", ".join(repr(c.name) for c in CASES))
+    parser.add_argument("--plot", metavar="PNG", help="also draw the ratios into this file")
+    args = parser.parse_args(argv)
+    cases = CASES
+    if args.cases:
+        known = {c.name: c for c in CASES}
+        unknown = [name for name in args.cases if name not in known]
+        if unknown:
+            parser.error(f"unknown case {unknown[0]!r}; known: {', '.join(known)}")
+        cases = [known[name] for name in args.cases]
+    numba.set_num_threads(args.threads)
+    bandwidth = copy_bandwidth()
+    rounds = 5 if args.quick else 25
+    rows = []
+    for case in cases:
+        rows.append(measure(case, args.threads, rounds, bandwidth))
+        print(f"  {case.name}: done", flush=True)
+    print(format_table(rows, args.threads, bandwidth))
+    if args.plot:
+        plot(rows, args.plot)
+    return 0

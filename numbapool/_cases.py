@@ -1,0 +1,73 @@
+"""The canonical benchmark cases: one table that drives both asv and ``python -m numbapool bench``."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    op: str  # ONNX operator name
+    shape: tuple
+    attrs: dict = field(default_factory=dict)  # ONNX attributes
+    dtype: str = "float32"
+    return_indices: bool = False
+
+
+CASES = [
+    Case("resnet stem", "MaxPool", (8, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    Case("vgg", "MaxPool", (8, 128, 112, 112), dict(kernel_shape=[2, 2], strides=[2, 2])),
+    Case("with indices", "MaxPool", (8, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+         return_indices=True),
+    Case("inception", "AveragePool", (8, 64, 56, 56), dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1],
+                                                           count_include_pad=0)),
+    Case("densenet", "AveragePool", (8, 128, 56, 56), dict(kernel_shape=[2, 2], strides=[2, 2])),
+    Case("lp", "LpPool", (8, 64, 56, 56), dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], p=2)),
+    Case("global avg", "GlobalAveragePool", (32, 2048, 7, 7)),
+    Case("global max", "GlobalMaxPool", (32, 2048, 7, 7)),
+    Case("3-d", "MaxPool", (2, 32, 16, 56, 56), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),
+    Case("1-d", "AveragePool", (16, 64, 16000), dict(kernel_shape=[4], strides=[4])),
+    Case("uint8", "MaxPool", (8, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2]), dtype="uint8"),
+    Case("float64", "MaxPool", (4, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+         dtype="float64"),
+    Case("big kernel", "AveragePool", (4, 32, 128, 128), dict(kernel_shape=[9, 9], strides=[1, 1], pads=[4] * 4,
+                                                              count_include_pad=1)),
+    Case("dilated", "MaxPool", (4, 32, 64, 64), dict(kernel_shape=[3, 3], dilations=[2, 2])),
+    Case("tiny", "MaxPool", (1, 3, 8, 8), dict(kernel_shape=[2, 2], strides=[2, 2])),
+]
+CASES_BY_NAME = {case.name: case for case in CASES}
+
+
+@functools.lru_cache(maxsize=8)
+def make_input(shape: tuple, dtype: str) -> np.ndarray:
+    """A fixed input per (shape, dtype): seeded, so every run pools the same data."""
+    rng = np.random.default_rng(20261122)
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(dtype)
+        x = rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype)
+    else:
+        x = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+    x.flags.writeable = False
+    return x
+
+
+def run(case: Case, x: np.ndarray) -> tuple:
+    """One numbapool call for ``case``; the outputs as a tuple."""
+    import numbapool
+
+    attrs = dict(case.attrs)
+    if case.op.startswith("Global"):
+        function = {"GlobalAveragePool": numbapool.global_average_pool,
+                    "GlobalMaxPool": numbapool.global_max_pool,
+                    "GlobalLpPool": numbapool.global_lp_pool}[case.op]
+        return (function(x, **attrs),)
+    kernel_shape = attrs.pop("kernel_shape")
+    if case.op == "MaxPool":
+        result = numbapool.max_pool(x, kernel_shape, return_indices=case.return_indices, **attrs)
+        return result if case.return_indices else (result,)
+    function = {"AveragePool": numbapool.average_pool, "LpPool": numbapool.lp_pool}[case.op]
+    return (function(x, kernel_shape, **attrs),)

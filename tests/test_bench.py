@@ -1,0 +1,45 @@
+"""The comparison command and the benchmark case table run."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from numbapool import _bench, _cases
+
+
+def test_bench_command_prints_the_table():
+    result = subprocess.run(
+        [sys.executable, "-m", "numbapool", "bench", "--quick", "--cases", "tiny", "global max"],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| case"))
+    rows = [line.split("|")[1:-1] for line in lines[header + 2:]]
+    assert [r[0].strip() for r in rows] == ["tiny", "global max"]
+    for row in rows:
+        numbapool_ms, onnxruntime_ms = float(row[1]), float(row[2])  # onnxruntime is a test dep
+        assert numbapool_ms > 0 and onnxruntime_ms > 0
+        # a median of per-round ratios, not the ratio of the medians: close, not equal
+        assert float(row[4]) == pytest.approx(numbapool_ms / onnxruntime_ms, rel=0.5)
+
+
+def test_bench_rejects_an_unknown_case():
+    result = subprocess.run([sys.executable, "-m", "numbapool", "bench", "--cases", "nope"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "unknown case 'nope'" in result.stderr
+
+
+def test_every_case_runs_on_a_small_input():
+    # the full sizes belong to the benchmarks; here each case's call path runs on a slice
+    for case in _cases.CASES:
+        shape = (1, 2) + tuple(min(n, 12) for n in case.shape[2:])
+        x = _cases.make_input(shape, case.dtype)
+        outputs = _cases.run(case, x)
+        assert outputs[0].dtype == x.dtype, case.name
+        assert len(outputs) == (2 if case.return_indices else 1)
+
+
+def test_copy_bandwidth_is_positive():
+    assert _bench.copy_bandwidth(rounds=1) > 1e8
