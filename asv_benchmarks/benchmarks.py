@@ -6,7 +6,7 @@ the timed body, and ``timeraw_`` measures import plus a first call in a fresh pr
 
 import numba
 
-from numbapool._cases import CASES, make_input, run
+from numbapool._cases import CASES, CASES_BY_NAME, make_input, run
 
 CASE_NAMES = [case.name for case in CASES]
 THREADS = sorted({1, numba.config.NUMBA_NUM_THREADS})
@@ -18,7 +18,7 @@ class Pooling:
     timeout = 300
 
     def setup(self, name, threads):
-        self.case = CASES[CASE_NAMES.index(name)]
+        self.case = CASES_BY_NAME[name]
         self.x = make_input(self.case.shape, self.case.dtype)
         numba.set_num_threads(threads)
         run(self.case, self.x)  # compile (or load from the disk cache) before timing

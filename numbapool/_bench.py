@@ -19,7 +19,7 @@ import time
 import numba
 import numpy as np
 
-from ._cases import CASES, Case, make_input, run
+from ._cases import CASES, CASES_BY_NAME, Case, make_input, run
 
 BLOCK_SECONDS = 0.025
 
@@ -209,11 +209,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cases = CASES
     if args.cases:
-        known = {c.name: c for c in CASES}
-        unknown = [name for name in args.cases if name not in known]
+        unknown = [name for name in args.cases if name not in CASES_BY_NAME]
         if unknown:
-            parser.error(f"unknown case {unknown[0]!r}; known: {', '.join(known)}")
-        cases = [known[name] for name in args.cases]
+            parser.error(f"unknown case {unknown[0]!r}; known: {', '.join(CASES_BY_NAME)}")
+        cases = [CASES_BY_NAME[name] for name in args.cases]
     numba.set_num_threads(args.threads)
     bandwidth = copy_bandwidth()
     rounds = 5 if args.quick else 25
