@@ -6,6 +6,8 @@ it on disk), so importing numbapool compiles nothing.
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
@@ -15,8 +17,10 @@ from ._plan import BFLOAT16, UnpoolPlan, WindowPlan
 # 16-bit floats reach numba as their bit patterns; see _kernels/codec.py.
 _STORAGE = {np.dtype(np.float16): np.dtype(np.uint16), BFLOAT16: np.dtype(np.int16)}
 
-# Enough work items per thread that uneven items still balance.
-_ITEMS_PER_THREAD = 4
+# Enough work units per thread that uneven units still balance, and enough runs of them
+# per thread that the parallel loop's static schedule does too.
+_UNITS_PER_THREAD = 4
+_CHUNKS_PER_THREAD = 16
 
 
 def storage_dtype(dtype: np.dtype) -> np.dtype:
@@ -41,48 +45,49 @@ def lowest_value(dtype: np.dtype):
     return np.array(-np.inf, dtype=dtype).view(storage_dtype(dtype))[()]
 
 
-def _last_axis_block(plan: WindowPlan) -> int:
-    """Outputs per work item along the last axis: whole rows unless there are too few rows
-    to keep every thread busy (N*C = 1, 1-D inputs)."""
+def _work_split(plan: WindowPlan) -> tuple:
+    """(block, chunks): outputs per work unit along the last axis, and how many contiguous
+    runs of units the parallel loop deals out.
+
+    A unit is a whole output row unless there are too few rows to keep every thread busy
+    (N*C = 1, 1-D inputs); runs are few enough that each allocates its scratch once.
+    """
     out = plan.out_shape
-    rows = int(np.prod(out[:-1]))
-    wanted = _ITEMS_PER_THREAD * numba.get_num_threads()
+    rows = math.prod(out[:-1])
+    threads = numba.get_num_threads()
+    wanted = _UNITS_PER_THREAD * threads
     if rows >= wanted:
-        return out[-1]
-    blocks_per_row = -(-wanted // rows)
-    return max(1, -(-out[-1] // blocks_per_row))
+        block = out[-1]
+    else:
+        block = max(1, -(-out[-1] // -(-wanted // rows)))
+    units = rows * -(-out[-1] // block)
+    return block, min(units, _CHUNKS_PER_THREAD * threads)
 
 
 def _p_kind(p: float) -> int:
-    return int(p) if p in (1.0, 2.0) else 0
+    """How the kernels raise to the power p: 1 abs, 2 a square, 3 pow()."""
+    return {1.0: 1, 2.0: 2}.get(p, 3)
 
 
 def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     y = np.empty(plan.out_shape, dtype=plan.dtype)
-    indices = np.empty(plan.out_shape if return_indices else (1, 1), dtype=np.int64)
+    indices = np.empty(plan.out_shape, dtype=np.int64) if return_indices else None
     if y.size == 0:
         return (y, indices) if return_indices else y
     rows_in = channel_rows(x, plan.dtype)
+    index_rows = indices.reshape(rows_in.shape[0], -1) if return_indices else None
     rows_out = y.reshape(rows_in.shape[0], -1).view(storage_dtype(plan.dtype))
     g = plan.geometry
-    block = _last_axis_block(plan)
+    block, chunks = _work_split(plan)
     if plan.op == "MaxPool":
-        window.max_pool(
-            rows_in, rows_out, indices.reshape(indices.shape[0] * indices.shape[1], -1),
-            return_indices, lowest_value(plan.dtype), g["in_spatial"], g["out_spatial"],
-            g["strides"], g["dilations"], g["pads_begin"], g["pads_end"], g["input_strides"],
-            g["index_strides"], g["taps"], g["tap_offsets"], block)
+        window.max_pool(rows_in, rows_out, index_rows,
+                        lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"], block,
+                        chunks)
         return (y, indices) if return_indices else y
-    if plan.op == "AveragePool":
-        window.average_pool(
-            rows_in, rows_out, plan.count_include_pad, g["in_spatial"], g["out_spatial"],
-            g["strides"], g["dilations"], g["pads_begin"], g["pads_end"], g["input_strides"],
-            g["taps"], g["tap_offsets"], block)
-        return y
-    window.lp_pool(
-        rows_in, rows_out, plan.p, _p_kind(plan.p), g["in_spatial"], g["out_spatial"],
-        g["strides"], g["dilations"], g["pads_begin"], g["pads_end"], g["input_strides"],
-        g["taps"], g["tap_offsets"], block)
+    # AveragePool is the p_kind 0 of the summing kernel
+    p_kind = 0 if plan.op == "AveragePool" else _p_kind(plan.p)
+    window.sum_pool(rows_in, rows_out, plan.p, p_kind, plan.count_include_pad, g["axes"],
+                    g["taps"], g["tap_offsets"], block, chunks)
     return y
 
 

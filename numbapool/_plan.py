@@ -30,6 +30,11 @@ FLOAT_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32), np.dtype(n
 MAX_POOL_DTYPES = FLOAT_DTYPES + (np.dtype(np.int8), np.dtype(np.uint8))
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
+# Rows of WindowPlan.geometry["axes"], one column per spatial axis: what the kernels index.
+AXIS_IN, AXIS_OUT, AXIS_STRIDE, AXIS_DILATION, AXIS_PAD_BEGIN, AXIS_PAD_END = range(6)
+AXIS_INPUT_STRIDE, AXIS_INDEX_STRIDE, AXIS_EXTENT = 6, 7, 8
+AXIS_ROWS = 9
+
 
 # --------------------------------------------------------------------------- validation
 
@@ -132,34 +137,34 @@ class WindowPlan:
 
     @functools.cached_property
     def geometry(self) -> dict:
-        """The window geometry as int64 arrays, in the order the kernels take them.
+        """The window geometry as int64 arrays, as the kernels take them.
 
-        ``taps`` lists every tap of the window as per-axis tap numbers, in row-major order
-        (the scan order that decides ties and the first NaN); ``tap_offsets`` is each tap's
-        element offset from the window's first tap in a C-ordered input.
+        ``axes`` has one row per quantity (the AXIS_* rows above) and one
+        column per spatial axis. ``taps`` lists every tap of the window as per-axis tap
+        numbers, in row-major order (the scan order that decides ties and the first NaN);
+        ``tap_offsets`` is each tap's element offset from the window's first tap in a
+        C-ordered input.
         """
         rank = len(self.kernel_shape)
-        spatial = np.array(self.spatial_in, dtype=np.int64)
         row_major = _row_major_strides(self.spatial_in)
-        taps = np.indices(self.kernel_shape, dtype=np.int64).reshape(rank, -1).T.copy()
-        tap_offsets = taps @ (np.array(self.dilations, dtype=np.int64) * row_major)
         # storage_order=1 numbers the spatial offset column-major: first axis fastest.
         if self.storage_order:
-            index_strides = _row_major_strides(self.spatial_in[::-1])[::-1].copy()
+            index_strides = _row_major_strides(self.spatial_in[::-1])[::-1]
         else:
             index_strides = row_major
-        return dict(
-            in_spatial=spatial,
-            out_spatial=np.array(self.spatial_out, dtype=np.int64),
-            strides=np.array(self.strides, dtype=np.int64),
-            dilations=np.array(self.dilations, dtype=np.int64),
-            pads_begin=np.array(self.pads_begin, dtype=np.int64),
-            pads_end=np.array(self.pads_end, dtype=np.int64),
-            input_strides=row_major,
-            index_strides=index_strides,
-            taps=taps,
-            tap_offsets=np.ascontiguousarray(tap_offsets),
-        )
+        axes = np.empty((AXIS_ROWS, rank), dtype=np.int64)
+        axes[AXIS_IN] = self.spatial_in
+        axes[AXIS_OUT] = self.spatial_out
+        axes[AXIS_STRIDE] = self.strides
+        axes[AXIS_DILATION] = self.dilations
+        axes[AXIS_PAD_BEGIN] = self.pads_begin
+        axes[AXIS_PAD_END] = self.pads_end
+        axes[AXIS_INPUT_STRIDE] = row_major
+        axes[AXIS_INDEX_STRIDE] = index_strides
+        axes[AXIS_EXTENT] = window_extents(self.kernel_shape, self.dilations)
+        taps = np.indices(self.kernel_shape, dtype=np.int64).reshape(rank, -1).T.copy()
+        tap_offsets = taps @ (np.array(self.dilations, dtype=np.int64) * row_major)
+        return dict(axes=axes, taps=taps, tap_offsets=np.ascontiguousarray(tap_offsets))
 
     def _repr_html_(self) -> str:
         rows = [
@@ -189,6 +194,11 @@ def _row_major_strides(shape) -> np.ndarray:
     for axis in range(len(shape) - 2, -1, -1):
         strides[axis] = strides[axis + 1] * shape[axis + 1]
     return strides
+
+
+def window_extents(kernel_shape, dilations) -> tuple:
+    """``k_eff = (k - 1) * d + 1`` per axis: the span a dilated window covers."""
+    return tuple((k - 1) * d + 1 for k, d in zip(kernel_shape, dilations))
 
 
 def output_length(op: str, axis: int, size: int, k_eff: int, stride: int,
@@ -265,7 +275,7 @@ def _window_plan(op, shape, dtype, kernel_shape, strides, pads, auto_pad, ceil_m
         raise ValueError(f"pads cannot be used together with auto_pad={auto_pad!r}; got pads={pads!r}")
 
     spatial = shape[2:]
-    k_eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
+    k_eff = window_extents(kernel, dilations)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         pairs = [same_pads(n, e, s, auto_pad) for n, e, s in zip(spatial, k_eff, strides)]
         begin, end = tuple(b for b, _ in pairs), tuple(e for _, e in pairs)

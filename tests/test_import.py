@@ -8,7 +8,7 @@ SCRIPT = """
 import json, sys
 import numbapool
 from numbapool._kernels import global_, unpool, window
-kernels = [window.max_pool, window.average_pool, window.lp_pool, global_.global_max_pool,
+kernels = [window.max_pool, window.sum_pool, global_.global_max_pool,
            global_.global_average_pool, global_.global_lp_pool, unpool.max_unpool]
 optional = ["onnx", "onnxruntime", "torch", "dask", "hypothesis", "tqdm"]
 print(json.dumps({"compiled": sum(len(k.signatures) for k in kernels),

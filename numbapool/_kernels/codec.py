@@ -140,3 +140,14 @@ def _as_accumulator_overload(value, x):
     if x.dtype == types.float64:
         return lambda value, x: np.float64(value)
     return lambda value, x: np.float32(value)
+
+
+def accumulator_array(size, x):
+    """An uninitialized array of ``size`` accumulators for sums over elements of ``x``."""
+
+
+@overload(accumulator_array, inline="always")
+def _accumulator_array_overload(size, x):
+    if x.dtype == types.float64:
+        return lambda size, x: np.empty(size, np.float64)
+    return lambda size, x: np.empty(size, np.float32)

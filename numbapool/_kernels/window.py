@@ -1,188 +1,299 @@
 """Windowed pooling kernels (MaxPool, AveragePool, LpPool) for any number of spatial axes.
 
 Layout: ``x`` is (N*C, prod(input spatial)) and ``y`` is (N*C, prod(output spatial)), both
-C-ordered. The geometry comes from ``WindowPlan.geometry`` as int64 arrays.
+C-ordered. ``axes`` is ``WindowPlan.geometry["axes"]``: one int64 row per AXIS_* name of _plan,
+one column per spatial axis; ``taps`` and ``tap_offsets`` list the window's taps in row-major
+order (the scan order that decides ties and the first NaN).
 
-Work is split into items of one (n, c), one run of outputs along every axis but the last,
-and one block of ``block`` outputs along the last axis, so that all threads are busy even
-when N*C is 1. Each window visits its taps in row-major order through the ``tap_offsets``
-table; a window that lies wholly inside the input skips all bounds checks.
+Work units are one (n, c), one position along every spatial axis but the last, and one block
+of at most ``block`` outputs along the last axis, so that all threads are busy even when N*C
+is 1; the units are dealt out in ``chunks`` contiguous runs, one scratch allocation per run.
+
+Along the last axis each unit has a left border, an interior where every window lies inside
+the input along that axis, and a right border. The interior runs taps outer, outputs inner,
+so that the inner loop walks the input with a fixed step and vectorizes; the borders visit
+one window at a time and check each tap. Both visit a window's taps in the same row-major
+order, so the two paths give the same bits.
 """
 
 import numpy as np
 from numba import njit, prange
 
-from .codec import as_accumulator, decode, encode
+from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_INPUT_STRIDE,
+                     AXIS_OUT, AXIS_PAD_BEGIN, AXIS_PAD_END, AXIS_STRIDE)
+from .codec import accumulator_array, as_accumulator, decode, encode
 
 OPTIONS = dict(cache=True, nogil=True)
 
 
+# --------------------------------------------------------------------------- shared helpers
+
+
 @njit(inline="always")
-def item_count(channels, out_spatial, block):
-    """Work items: (n, c) x outputs along the leading axes x blocks along the last axis."""
-    last = out_spatial[out_spatial.shape[0] - 1]
+def unit_count(channels, axes, block):
+    """(n, c) x outputs along the leading axes x blocks along the last axis."""
+    rank = axes.shape[1]
     rows = 1
-    for axis in range(out_spatial.shape[0] - 1):
-        rows *= out_spatial[axis]
+    for axis in range(rank - 1):
+        rows *= axes[AXIS_OUT, axis]
+    last = axes[AXIS_OUT, rank - 1]
     return channels * rows * ((last + block - 1) // block)
 
 
 @njit(inline="always")
-def locate_item(item, out_spatial, block, strides, pads_begin, kernel_extent, in_spatial,
-                input_strides, starts):
-    """Decode one work item.
+def chunk_units(chunk, chunks, units):
+    """The run of units that one chunk of the parallel loop owns."""
+    # prange hands out unsigned indices; mixing them with int64 would give floats
+    chunk = np.int64(chunk)
+    return units * chunk // chunks, units * (chunk + 1) // chunks
+
+
+@njit(inline="always")
+def locate_unit(unit, axes, block, starts):
+    """Decode one work unit.
 
     Writes the window start of each leading axis into ``starts`` and returns
-    (nc, first output, end output, flat output offset of the run, input offset of the
+    (nc, first output, end output, flat output offset of the row, input offset of the
     window's leading axes, whether the leading axes of the window are inside the input).
     """
-    rank = out_spatial.shape[0]
-    last = rank - 1
-    blocks = (out_spatial[last] + block - 1) // block
-    # prange hands out unsigned indices; mixing them with int64 would give floats
-    rest, block_number = divmod(np.int64(item), blocks)
+    last = axes.shape[1] - 1
+    blocks = (axes[AXIS_OUT, last] + block - 1) // block
+    rest, block_number = divmod(unit, blocks)
     first = block_number * block
-    end = min(first + block, out_spatial[last])
-    run = 0
-    run_stride = out_spatial[last]
+    end = min(first + block, axes[AXIS_OUT, last])
+    row = 0
+    row_stride = axes[AXIS_OUT, last]
     offset = 0
     inside = True
     for axis in range(last - 1, -1, -1):
-        rest, position = divmod(rest, out_spatial[axis])
-        start = position * strides[axis] - pads_begin[axis]
+        rest, position = divmod(rest, axes[AXIS_OUT, axis])
+        start = position * axes[AXIS_STRIDE, axis] - axes[AXIS_PAD_BEGIN, axis]
         starts[axis] = start
-        offset += start * input_strides[axis]
-        run += position * run_stride
-        run_stride *= out_spatial[axis]
-        if start < 0 or start + kernel_extent[axis] > in_spatial[axis]:
+        offset += start * axes[AXIS_INPUT_STRIDE, axis]
+        row += position * row_stride
+        row_stride *= axes[AXIS_OUT, axis]
+        if start < 0 or start + axes[AXIS_EXTENT, axis] > axes[AXIS_IN, axis]:
             inside = False
-    return rest, first, end, run, offset, inside
+    return rest, first, end, row, offset, inside
 
 
 @njit(inline="always")
-def locate_window(o, starts, strides, pads_begin, kernel_extent, in_spatial, row_inside,
-                  row_offset):
-    """Place the window of output ``o`` along the last axis: sets its start in ``starts``
-    and returns (whether the whole window is inside the input, its input offset)."""
-    last = starts.shape[0] - 1
-    start = o * strides[last] - pads_begin[last]
+def interior(first, end, axes):
+    """(lo, hi): the outputs in [first, end) whose window lies inside the input along the
+    last axis; first <= lo <= hi <= end."""
+    last = axes.shape[1] - 1
+    stride = axes[AXIS_STRIDE, last]
+    pad = axes[AXIS_PAD_BEGIN, last]
+    lo = min(end, max(first, (pad + stride - 1) // stride))
+    hi = min(end, (axes[AXIS_IN, last] - axes[AXIS_EXTENT, last] + pad) // stride + 1)
+    return lo, max(lo, hi)
+
+
+@njit(inline="always")
+def place_window(o, starts, axes, row_offset):
+    """Set the last-axis start of output ``o``'s window; return its input offset."""
+    last = axes.shape[1] - 1
+    start = o * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
     starts[last] = start
-    inside = row_inside and start >= 0 and start + kernel_extent[last] <= in_spatial[last]
-    return inside, row_offset + start
+    return row_offset + start
 
 
 @njit(inline="always")
-def tap_is_inside(tap, taps, starts, dilations, in_spatial):
-    for axis in range(starts.shape[0]):
-        position = starts[axis] + taps[tap, axis] * dilations[axis]
-        if position < 0 or position >= in_spatial[axis]:
+def tap_is_inside(tap, taps, starts, axes, first_axis, end_axis):
+    """Whether the tap lies inside the input along axes [first_axis, end_axis)."""
+    for axis in range(first_axis, end_axis):
+        position = starts[axis] + taps[tap, axis] * axes[AXIS_DILATION, axis]
+        if position < 0 or position >= axes[AXIS_IN, axis]:
             return False
     return True
 
 
 @njit(inline="always")
-def tap_is_in_padding_extent(tap, taps, starts, dilations, in_spatial, pads_begin, pads_end):
-    """Inside [-pb, in + pe) on every axis: the taps count_include_pad=1 divides by."""
-    for axis in range(starts.shape[0]):
-        position = starts[axis] + taps[tap, axis] * dilations[axis]
-        if position < -pads_begin[axis] or position >= in_spatial[axis] + pads_end[axis]:
+def tap_is_in_padded_extent(tap, taps, starts, axes, first_axis, end_axis):
+    """Inside [-pb, in + pe) along axes [first_axis, end_axis): the taps that
+    count_include_pad=1 divides by."""
+    for axis in range(first_axis, end_axis):
+        position = starts[axis] + taps[tap, axis] * axes[AXIS_DILATION, axis]
+        if (position < -axes[AXIS_PAD_BEGIN, axis]
+                or position >= axes[AXIS_IN, axis] + axes[AXIS_PAD_END, axis]):
             return False
     return True
 
 
 @njit(inline="always")
-def kernel_extents(taps, dilations):
-    """(k - 1) * d + 1 per axis; the last tap holds k - 1 on every axis."""
-    last_tap = taps.shape[0] - 1
-    return taps[last_tap] * dilations + 1
+def input_index(nc, channel_size, tap, taps, starts, axes):
+    """The tap's offset in the whole input, spatial part numbered with the index strides."""
+    index = nc * channel_size
+    for axis in range(axes.shape[1]):
+        position = starts[axis] + taps[tap, axis] * axes[AXIS_DILATION, axis]
+        index += position * axes[AXIS_INDEX_STRIDE, axis]
+    return index
+
+
+# --------------------------------------------------------------------------- MaxPool
+
+
+@njit(inline="always")
+def beats(candidate, best):
+    """Whether ``candidate`` replaces ``best`` in a row-major scan: strictly larger, or the
+    first NaN (a NaN is never replaced)."""
+    return candidate > best or (candidate != candidate and best == best)
+
+
+@njit(inline="always")
+def border_output(k, first, lo, hi):
+    """The k-th output outside the interior: [first, lo) then [hi, end)."""
+    return first + k if first + k < lo else hi + (k - (lo - first))
+
+
+@njit(inline="always")
+def max_window(row, base, starts, axes, taps, tap_offsets, lowest, first_axis):
+    """The winning tap of one border window, checking every tap along axes from
+    ``first_axis`` on; -1 if none is inside."""
+    best_tap = -1
+    best = decode(lowest)
+    for t in range(tap_offsets.shape[0]):
+        if not tap_is_inside(t, taps, starts, axes, first_axis, axes.shape[1]):
+            continue
+        value = decode(row[base + tap_offsets[t]])
+        if best_tap < 0 or beats(value, best):
+            best = value
+            best_tap = t
+    return best_tap
+
+
+@njit(inline="always")
+def _max_run(source, offset, step, best, count):
+    for j in range(count):
+        value = source[offset + np.uint64(j) * step]
+        best[j] = value if beats(decode(value), decode(best[j])) else best[j]
+
+
+@njit(inline="always")
+def _max_run_with_taps(source, offset, step, best, best_taps, tap, count):
+    for j in range(count):
+        value = source[offset + np.uint64(j) * step]
+        take = best_taps[j] < 0 or beats(decode(value), decode(best[j]))
+        best[j] = value if take else best[j]
+        best_taps[j] = tap if take else best_taps[j]
+
+
+@njit(inline="always")
+def max_run(source, offset, step, best, best_taps, tap, count):
+    """Fold one tap into a run of ``count`` interior outputs ``step`` elements apart,
+    tracking the winning taps unless ``best_taps`` is None.
+
+    Steps 1 and 2 (most strides) get loops of their own with the step a constant, which the
+    compiler vectorizes; the general loop does not.
+    """
+    if best_taps is None:
+        if step == 1:
+            _max_run(source, offset, np.uint64(1), best, count)
+        elif step == 2:
+            _max_run(source, offset, np.uint64(2), best, count)
+        else:
+            _max_run(source, offset, step, best, count)
+    else:
+        if step == 1:
+            _max_run_with_taps(source, offset, np.uint64(1), best, best_taps, tap, count)
+        elif step == 2:
+            _max_run_with_taps(source, offset, np.uint64(2), best, best_taps, tap, count)
+        else:
+            _max_run_with_taps(source, offset, step, best, best_taps, tap, count)
 
 
 @njit(parallel=True, **OPTIONS)
-def max_pool(x, y, indices, want_indices, lowest, in_spatial, out_spatial, strides, dilations,
-             pads_begin, pads_end, input_strides, index_strides, taps, tap_offsets, block):
+def max_pool(x, y, indices, lowest, axes, taps, tap_offsets, block, chunks):
     """Max over each window; the first NaN wins, ties go to the first maximum in the scan.
 
     ``y`` receives the winning element itself (bit for bit), or ``lowest`` for a window
-    with no tap inside the input; ``indices`` (when ``want_indices``) the winner's offset in
-    the whole input, numbered with ``index_strides``, or -1.
+    with no tap inside the input; ``indices``, unless None, the winner's offset in the whole
+    input, numbered with the index strides, or -1. Whether ``indices`` is None is known when
+    numba compiles, so each case gets loops of its own.
     """
-    rank = in_spatial.shape[0]
-    tap_count = tap_offsets.shape[0]
-    input_size = x.shape[1]
-    extent = kernel_extents(taps, dilations)
-    for item in prange(item_count(x.shape[0], out_spatial, block)):
-        starts = np.empty(rank, np.int64)
-        nc, first, end, run, row_offset, row_inside = locate_item(
-            item, out_spatial, block, strides, pads_begin, extent, in_spatial, input_strides,
-            starts)
-        for o in range(first, end):
-            inside, base = locate_window(o, starts, strides, pads_begin, extent, in_spatial,
-                                         row_inside, row_offset)
-            best = decode(lowest)
-            best_tap = -1
-            for t in range(tap_count):
-                if not inside and not tap_is_inside(t, taps, starts, dilations, in_spatial):
-                    continue
-                value = decode(x[nc, base + tap_offsets[t]])
-                if value != value:
-                    best_tap = t
-                    break
-                if best_tap < 0 or value > best:
-                    best = value
-                    best_tap = t
-            if best_tap < 0:
-                y[nc, run + o] = lowest
-                if want_indices:
-                    indices[nc, run + o] = -1
+    units = unit_count(x.shape[0], axes, block)
+    for chunk in prange(chunks):
+        unit_begin, unit_end = chunk_units(chunk, chunks, units)
+        if indices is None:
+            max_pool_units(unit_begin, unit_end, x, y, None, None, lowest, axes, taps,
+                           tap_offsets, block)
+        else:
+            max_pool_units(unit_begin, unit_end, x, y, indices, np.empty(block, np.int64),
+                           lowest, axes, taps, tap_offsets, block)
+
+
+# The loops live in a plain function that the parallel driver calls: inside numba's
+# parallel region they optimize (and vectorize) far worse.
+@njit(**OPTIONS)
+def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, lowest, axes, taps,
+                   tap_offsets, block):
+    rank = axes.shape[1]
+    last = rank - 1
+    step = np.uint64(axes[AXIS_STRIDE, last])
+    channel_size = x.shape[1]
+    starts = np.empty(rank, np.int64)
+    best = np.empty(block, x.dtype)
+    for unit in range(unit_begin, unit_end):
+        nc, first, end, row, row_offset, row_inside = locate_unit(unit, axes, block, starts)
+        source = x[nc]
+        lo, hi = interior(first, end, axes)
+        # interior: taps outer, outputs inner
+        count = hi - lo
+        base = place_window(lo, starts, axes, row_offset)
+        best[:count] = lowest
+        if best_taps is not None:
+            best_taps[:count] = -1
+        for t in range(tap_offsets.shape[0]):
+            if not row_inside and not tap_is_inside(t, taps, starts, axes, 0, last):
                 continue
-            y[nc, run + o] = x[nc, base + tap_offsets[best_tap]]
-            if want_indices:
-                index = nc * input_size
-                for axis in range(rank):
-                    position = starts[axis] + taps[best_tap, axis] * dilations[axis]
-                    index += position * index_strides[axis]
-                indices[nc, run + o] = index
+            # unsigned: numba then skips the negative-index fix-up and the loop vectorizes
+            offset = np.uint64(base + tap_offsets[t])
+            max_run(source, offset, step, best, best_taps, t, count)
+        y[nc, row + lo:row + hi] = best[:count]
+        if best_taps is not None:
+            for j in range(count):
+                place_window(lo + j, starts, axes, row_offset)
+                tap = best_taps[j]
+                indices[nc, row + lo + j] = (
+                    -1 if tap < 0 else input_index(nc, channel_size, tap, taps, starts, axes))
+        # borders: one window at a time; the leading axes need checks only outside the input
+        border_axis = 0 if not row_inside else last
+        for k in range((lo - first) + (end - hi)):
+            o = border_output(k, first, lo, hi)
+            base = place_window(o, starts, axes, row_offset)
+            tap = max_window(source, base, starts, axes, taps, tap_offsets, lowest, border_axis)
+            y[nc, row + o] = lowest if tap < 0 else source[base + tap_offsets[tap]]
+            if indices is not None:
+                indices[nc, row + o] = (
+                    -1 if tap < 0 else input_index(nc, channel_size, tap, taps, starts, axes))
 
 
-@njit(parallel=True, **OPTIONS)
-def average_pool(x, y, count_include_pad, in_spatial, out_spatial, strides, dilations,
-                 pads_begin, pads_end, input_strides, taps, tap_offsets, block):
-    """Mean over each window's taps inside the input; with ``count_include_pad`` the
-    divisor counts the taps inside the padded extent instead. No tap inside gives 0."""
-    rank = in_spatial.shape[0]
-    tap_count = tap_offsets.shape[0]
-    extent = kernel_extents(taps, dilations)
-    for item in prange(item_count(x.shape[0], out_spatial, block)):
-        starts = np.empty(rank, np.int64)
-        nc, first, end, run, row_offset, row_inside = locate_item(
-            item, out_spatial, block, strides, pads_begin, extent, in_spatial, input_strides,
-            starts)
-        for o in range(first, end):
-            inside, base = locate_window(o, starts, strides, pads_begin, extent, in_spatial,
-                                         row_inside, row_offset)
-            total = as_accumulator(0, x)
-            count = 0
-            divisor = 0
-            for t in range(tap_count):
-                if not inside:
-                    if count_include_pad and tap_is_in_padding_extent(
-                            t, taps, starts, dilations, in_spatial, pads_begin, pads_end):
-                        divisor += 1
-                    if not tap_is_inside(t, taps, starts, dilations, in_spatial):
-                        continue
-                total += decode(x[nc, base + tap_offsets[t]])
-                count += 1
-            if inside or not count_include_pad:
-                divisor = count
-            if divisor == 0:
-                y[nc, run + o] = encode(as_accumulator(0, x), y)
-            else:
-                y[nc, run + o] = encode(total / as_accumulator(divisor, x), y)
+# --------------------------------------------------------------------------- sums
+
+
+@njit(inline="always")
+def window_sum(source, base, starts, axes, taps, tap_offsets, p, p_kind, first_axis):
+    """(sum of term(x) over one border window's taps inside the input, how many there are,
+    how many lie inside the padded extent)."""
+    total = as_accumulator(0, source)
+    inside = 0
+    padded = 0
+    rank = axes.shape[1]
+    for t in range(tap_offsets.shape[0]):
+        if tap_is_in_padded_extent(t, taps, starts, axes, first_axis, rank):
+            padded += 1
+        if tap_is_inside(t, taps, starts, axes, first_axis, rank):
+            total += lp_term(decode(source[base + tap_offsets[t]]), p, p_kind)
+            inside += 1
+    return total, inside, padded
 
 
 @njit(inline="always")
 def lp_term(value, p, p_kind):
-    """|value| ** p; p_kind 1 and 2 avoid pow()."""
+    """The summand: value itself (p_kind 0, AveragePool), |value| (1), value ** 2 (2) or
+    |value| ** p (3)."""
+    if p_kind == 0:
+        return value
     magnitude = abs(value)
     if p_kind == 1:
         return magnitude
@@ -193,32 +304,99 @@ def lp_term(value, p, p_kind):
 
 @njit(inline="always")
 def lp_root(total, p, p_kind):
-    if p_kind == 1:
+    if p_kind <= 1:
         return total
     if p_kind == 2:
         return np.sqrt(total)
     return total ** (1 / p)
 
 
+@njit(inline="always")
+def finish(total, count, p, p_kind, x, y):
+    """The stored result: a mean (p_kind 0, 0 for an empty window) or an Lp norm."""
+    if p_kind == 0:
+        if count == 0:
+            return encode(as_accumulator(0, x), y)
+        return encode(total / as_accumulator(count, x), y)
+    return encode(lp_root(total, p, p_kind), y)
+
+
+@njit(inline="always")
+def _sum_run(source, offset, step, totals, count, p, p_kind):
+    if p_kind == 0:
+        for j in range(count):
+            totals[j] += decode(source[offset + np.uint64(j) * step])
+    elif p_kind == 2:
+        for j in range(count):
+            value = decode(source[offset + np.uint64(j) * step])
+            totals[j] += value * value
+    else:
+        for j in range(count):
+            totals[j] += lp_term(decode(source[offset + np.uint64(j) * step]), p, p_kind)
+
+
+@njit(inline="always")
+def sum_run(source, offset, step, totals, count, p, p_kind):
+    """Add one tap's terms to a run of ``count`` interior outputs; constant steps 1 and 2 as
+    in ``max_run``."""
+    if step == 1:
+        _sum_run(source, offset, np.uint64(1), totals, count, p, p_kind)
+    elif step == 2:
+        _sum_run(source, offset, np.uint64(2), totals, count, p, p_kind)
+    else:
+        _sum_run(source, offset, step, totals, count, p, p_kind)
+
+
 @njit(parallel=True, **OPTIONS)
-def lp_pool(x, y, p, p_kind, in_spatial, out_spatial, strides, dilations, pads_begin, pads_end,
-            input_strides, taps, tap_offsets, block):
-    """(sum of |x| ** p over each window's taps inside the input) ** (1 / p)."""
-    rank = in_spatial.shape[0]
-    tap_count = tap_offsets.shape[0]
-    extent = kernel_extents(taps, dilations)
+def sum_pool(x, y, p, p_kind, count_include_pad, axes, taps, tap_offsets, block, chunks):
+    """AveragePool (p_kind 0) and LpPool (p_kind 1, 2, 3) over each window's taps inside the
+    input. AveragePool divides by those taps, or with ``count_include_pad`` by the taps inside
+    the padded extent; a window with no tap inside gives 0."""
+    units = unit_count(x.shape[0], axes, block)
+    for chunk in prange(chunks):
+        unit_begin, unit_end = chunk_units(chunk, chunks, units)
+        sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, count_include_pad, axes, taps,
+                       tap_offsets, block)
+
+
+@njit(**OPTIONS)
+def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, count_include_pad, axes, taps,
+                   tap_offsets, block):
+    rank = axes.shape[1]
+    last = rank - 1
+    step = np.uint64(axes[AXIS_STRIDE, last])
     p_acc = as_accumulator(p, x)
-    for item in prange(item_count(x.shape[0], out_spatial, block)):
-        starts = np.empty(rank, np.int64)
-        nc, first, end, run, row_offset, row_inside = locate_item(
-            item, out_spatial, block, strides, pads_begin, extent, in_spatial, input_strides,
-            starts)
-        for o in range(first, end):
-            inside, base = locate_window(o, starts, strides, pads_begin, extent, in_spatial,
-                                         row_inside, row_offset)
-            total = as_accumulator(0, x)
-            for t in range(tap_count):
-                if not inside and not tap_is_inside(t, taps, starts, dilations, in_spatial):
+    starts = np.empty(rank, np.int64)
+    totals = accumulator_array(block, x)
+    for unit in range(unit_begin, unit_end):
+        nc, first, end, row, row_offset, row_inside = locate_unit(unit, axes, block, starts)
+        source = x[nc]
+        lo, hi = interior(first, end, axes)
+        # interior: taps outer, outputs inner; along the last axis every tap is inside
+        count = hi - lo
+        base = place_window(lo, starts, axes, row_offset)
+        totals[:count] = 0
+        inside = 0
+        padded = 0
+        for t in range(tap_offsets.shape[0]):
+            if not row_inside:
+                if tap_is_in_padded_extent(t, taps, starts, axes, 0, last):
+                    padded += 1
+                if not tap_is_inside(t, taps, starts, axes, 0, last):
                     continue
-                total += lp_term(decode(x[nc, base + tap_offsets[t]]), p_acc, p_kind)
-            y[nc, run + o] = encode(lp_root(total, p_acc, p_kind), y)
+            inside += 1
+            # unsigned: numba then skips the negative-index fix-up and the loop vectorizes
+            offset = np.uint64(base + tap_offsets[t])
+            sum_run(source, offset, step, totals, count, p_acc, p_kind)
+        divisor = padded if count_include_pad and not row_inside else inside
+        for j in range(count):
+            y[nc, row + lo + j] = finish(totals[j], divisor, p_acc, p_kind, x, y)
+        # borders: one window at a time; the leading axes need checks only outside the input
+        border_axis = 0 if not row_inside else last
+        for k in range((lo - first) + (end - hi)):
+            o = border_output(k, first, lo, hi)
+            base = place_window(o, starts, axes, row_offset)
+            total, inside, padded = window_sum(source, base, starts, axes, taps,
+                                               tap_offsets, p_acc, p_kind, border_axis)
+            y[nc, row + o] = finish(total, padded if count_include_pad else inside,
+                                    p_acc, p_kind, x, y)
