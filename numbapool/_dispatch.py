@@ -80,14 +80,13 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     g = plan.geometry
     block, chunks = _work_split(plan)
     if plan.op == "MaxPool":
-        window.max_pool(rows_in, rows_out, index_rows,
-                        lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"], block,
-                        chunks)
+        window.max_pool(rows_in, rows_out, index_rows, lowest_value(plan.dtype), g["axes"],
+                        g["taps"], g["tap_offsets"], g["tap_outputs"], block, chunks)
         return (y, indices) if return_indices else y
     # AveragePool is the p_kind 0 of the summing kernel
     p_kind = 0 if plan.op == "AveragePool" else _p_kind(plan.p)
-    window.sum_pool(rows_in, rows_out, plan.p, p_kind, plan.count_include_pad, g["axes"],
-                    g["taps"], g["tap_offsets"], block, chunks)
+    window.sum_pool(rows_in, rows_out, plan.p, p_kind, g["axes"], g["taps"], g["tap_offsets"],
+                    g["tap_outputs"], g["divisor_counts"], block, chunks)
     return y
 
 

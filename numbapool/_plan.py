@@ -143,7 +143,10 @@ class WindowPlan:
         column per spatial axis. ``taps`` lists every tap of the window as per-axis tap
         numbers, in row-major order (the scan order that decides ties and the first NaN);
         ``tap_offsets`` is each tap's element offset from the window's first tap in a
-        C-ordered input.
+        C-ordered input; ``tap_outputs`` the [first, end) run of outputs along the last axis
+        for which the tap lies inside the input there. ``divisor_counts[axis, o]`` is how
+        many of the axis's taps AveragePool counts at output position o; a window's divisor
+        is the product over its axes.
         """
         rank = len(self.kernel_shape)
         row_major = _row_major_strides(self.spatial_in)
@@ -164,7 +167,32 @@ class WindowPlan:
         axes[AXIS_EXTENT] = window_extents(self.kernel_shape, self.dilations)
         taps = np.indices(self.kernel_shape, dtype=np.int64).reshape(rank, -1).T.copy()
         tap_offsets = taps @ (np.array(self.dilations, dtype=np.int64) * row_major)
-        return dict(axes=axes, taps=taps, tap_offsets=np.ascontiguousarray(tap_offsets))
+        # Per axis and output position: which of that axis's taps fall inside the input,
+        # and inside the padded extent [-pb, in + pe) (count_include_pad=1 divides by those).
+        inside, padded = zip(*(self._taps_inside(axis) for axis in range(rank)))
+        width = max(self.spatial_out)
+        divisor_counts = np.zeros((rank, width), dtype=np.int64)
+        for axis in range(rank):
+            chosen = padded[axis] if self.count_include_pad else inside[axis]
+            divisor_counts[axis, :chosen.shape[0]] = chosen.sum(axis=1)
+        # Along the last axis each tap number k is inside for one run [first, end) of outputs.
+        last_inside = inside[-1]
+        counts = last_inside.sum(axis=0)
+        firsts = np.where(counts > 0, last_inside.argmax(axis=0), 0)
+        runs = np.stack([firsts, firsts + counts], axis=1)
+        return dict(axes=axes, taps=taps, tap_offsets=np.ascontiguousarray(tap_offsets),
+                    tap_outputs=np.ascontiguousarray(runs[taps[:, -1]]),
+                    divisor_counts=divisor_counts)
+
+    def _taps_inside(self, axis: int) -> tuple:
+        """Two (out, k) boolean tables for one axis: tap k of output o lies inside the input;
+        and inside the padded extent."""
+        size, stride = self.spatial_in[axis], self.strides[axis]
+        begin, end = self.pads_begin[axis], self.pads_end[axis]
+        starts = np.arange(self.spatial_out[axis]) * stride - begin
+        positions = starts[:, None] + np.arange(self.kernel_shape[axis]) * self.dilations[axis]
+        return ((positions >= 0) & (positions < size),
+                (positions >= -begin) & (positions < size + end))
 
     def _repr_html_(self) -> str:
         rows = [

@@ -9,11 +9,11 @@ Work units are one (n, c), one position along every spatial axis but the last, a
 of at most ``block`` outputs along the last axis, so that all threads are busy even when N*C
 is 1; the units are dealt out in ``chunks`` contiguous runs, one scratch allocation per run.
 
-Along the last axis each unit has a left border, an interior where every window lies inside
-the input along that axis, and a right border. The interior runs taps outer, outputs inner,
-so that the inner loop walks the input with a fixed step and vectorizes; the borders visit
-one window at a time and check each tap. Both visit a window's taps in the same row-major
-order, so the two paths give the same bits.
+Each unit runs taps outer, outputs inner: for every tap, the run of the row's outputs for
+which that tap lies inside the input along the last axis (``tap_outputs``, from the plan),
+walking the input with a fixed step, which vectorizes. So every output still meets its taps
+in row-major order, skipping those outside the input, with no separate border path; along
+the leading axes a tap is checked once per row, and only for rows near an edge.
 """
 
 import numpy as np
@@ -49,59 +49,61 @@ def chunk_units(chunk, chunks, units):
 
 
 @njit(inline="always")
-def locate_unit(unit, axes, block, starts):
-    """Decode one work unit.
-
-    Writes the window start of each leading axis into ``starts`` and returns
-    (nc, first output, end output, flat output offset of the row, input offset of the
-    window's leading axes, whether the leading axes of the window are inside the input).
-    """
+def first_unit(unit, axes, block, positions):
+    """Decode a unit number into ``positions`` (output position along each leading axis,
+    then the block number along the last axis); returns nc. Divisions happen here only:
+    the following units come from ``next_unit``."""
     last = axes.shape[1] - 1
     blocks = (axes[AXIS_OUT, last] + block - 1) // block
-    rest, block_number = divmod(unit, blocks)
-    first = block_number * block
+    rest, positions[last] = divmod(unit, blocks)
+    for axis in range(last - 1, -1, -1):
+        rest, positions[axis] = divmod(rest, axes[AXIS_OUT, axis])
+    return rest
+
+
+@njit(inline="always")
+def next_unit(positions, nc, axes, block):
+    """Advance ``positions`` to the next unit, like an odometer; returns nc."""
+    last = axes.shape[1] - 1
+    positions[last] += 1
+    if positions[last] * block < axes[AXIS_OUT, last]:
+        return nc
+    positions[last] = 0
+    for axis in range(last - 1, -1, -1):
+        positions[axis] += 1
+        if positions[axis] < axes[AXIS_OUT, axis]:
+            return nc
+        positions[axis] = 0
+    return nc + 1
+
+
+@njit(inline="always")
+def place_row(positions, axes, block, starts):
+    """Where one unit's row lies: writes the window start of each leading axis into
+    ``starts`` and returns (first output, end output, flat output offset of the row, input
+    offset of the window's leading axes, whether those leading axes are inside the input)."""
+    last = axes.shape[1] - 1
+    first = positions[last] * block
     end = min(first + block, axes[AXIS_OUT, last])
     row = 0
     row_stride = axes[AXIS_OUT, last]
     offset = 0
     inside = True
     for axis in range(last - 1, -1, -1):
-        rest, position = divmod(rest, axes[AXIS_OUT, axis])
-        start = position * axes[AXIS_STRIDE, axis] - axes[AXIS_PAD_BEGIN, axis]
+        start = positions[axis] * axes[AXIS_STRIDE, axis] - axes[AXIS_PAD_BEGIN, axis]
         starts[axis] = start
         offset += start * axes[AXIS_INPUT_STRIDE, axis]
-        row += position * row_stride
+        row += positions[axis] * row_stride
         row_stride *= axes[AXIS_OUT, axis]
         if start < 0 or start + axes[AXIS_EXTENT, axis] > axes[AXIS_IN, axis]:
             inside = False
-    return rest, first, end, row, offset, inside
+    return first, end, row, offset, inside
 
 
 @njit(inline="always")
-def interior(first, end, axes):
-    """(lo, hi): the outputs in [first, end) whose window lies inside the input along the
-    last axis; first <= lo <= hi <= end."""
-    last = axes.shape[1] - 1
-    stride = axes[AXIS_STRIDE, last]
-    pad = axes[AXIS_PAD_BEGIN, last]
-    lo = min(end, max(first, (pad + stride - 1) // stride))
-    hi = min(end, (axes[AXIS_IN, last] - axes[AXIS_EXTENT, last] + pad) // stride + 1)
-    return lo, max(lo, hi)
-
-
-@njit(inline="always")
-def place_window(o, starts, axes, row_offset):
-    """Set the last-axis start of output ``o``'s window; return its input offset."""
-    last = axes.shape[1] - 1
-    start = o * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
-    starts[last] = start
-    return row_offset + start
-
-
-@njit(inline="always")
-def tap_is_inside(tap, taps, starts, axes, first_axis, end_axis):
-    """Whether the tap lies inside the input along axes [first_axis, end_axis)."""
-    for axis in range(first_axis, end_axis):
+def tap_is_inside(tap, taps, starts, axes, end_axis):
+    """Whether the tap lies inside the input along the axes before ``end_axis``."""
+    for axis in range(end_axis):
         position = starts[axis] + taps[tap, axis] * axes[AXIS_DILATION, axis]
         if position < 0 or position >= axes[AXIS_IN, axis]:
             return False
@@ -109,15 +111,17 @@ def tap_is_inside(tap, taps, starts, axes, first_axis, end_axis):
 
 
 @njit(inline="always")
-def tap_is_in_padded_extent(tap, taps, starts, axes, first_axis, end_axis):
-    """Inside [-pb, in + pe) along axes [first_axis, end_axis): the taps that
-    count_include_pad=1 divides by."""
-    for axis in range(first_axis, end_axis):
-        position = starts[axis] + taps[tap, axis] * axes[AXIS_DILATION, axis]
-        if (position < -axes[AXIS_PAD_BEGIN, axis]
-                or position >= axes[AXIS_IN, axis] + axes[AXIS_PAD_END, axis]):
-            return False
-    return True
+def tap_run(tap, first, end, tap_outputs, row_offset, axes, tap_offsets):
+    """The outputs in [first, end) of the row for which ``tap`` lies inside the input along
+    the last axis, as (index of the first in the row part, how many, input offset of its
+    tap). Indices are unsigned so that numba skips the negative-index fix-up and the loops
+    vectorize."""
+    last = axes.shape[1] - 1
+    lo = max(first, tap_outputs[tap, 0])
+    hi = min(end, tap_outputs[tap, 1])
+    offset = (row_offset + lo * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
+              + tap_offsets[tap])
+    return np.uint64(lo - first), max(0, hi - lo), np.uint64(max(0, offset))
 
 
 @njit(inline="always")
@@ -134,76 +138,56 @@ def input_index(nc, channel_size, tap, taps, starts, axes):
 
 
 @njit(inline="always")
-def beats(candidate, best):
-    """Whether ``candidate`` replaces ``best`` in a row-major scan: strictly larger, or the
-    first NaN (a NaN is never replaced)."""
-    return candidate > best or (candidate != candidate and best == best)
+def keeps(best, candidate):
+    """Whether ``best`` stays against a later ``candidate`` in a row-major scan: it is at
+    least as large (ties keep the first), or it is a NaN (the first NaN wins)."""
+    return best >= candidate or best != best
 
 
 @njit(inline="always")
-def border_output(k, first, lo, hi):
-    """The k-th output outside the interior: [first, lo) then [hi, end)."""
-    return first + k if first + k < lo else hi + (k - (lo - first))
-
-
-@njit(inline="always")
-def max_window(row, base, starts, axes, taps, tap_offsets, lowest, first_axis):
-    """The winning tap of one border window, checking every tap along axes from
-    ``first_axis`` on; -1 if none is inside."""
-    best_tap = -1
-    best = decode(lowest)
-    for t in range(tap_offsets.shape[0]):
-        if not tap_is_inside(t, taps, starts, axes, first_axis, axes.shape[1]):
-            continue
-        value = decode(row[base + tap_offsets[t]])
-        if best_tap < 0 or beats(value, best):
-            best = value
-            best_tap = t
-    return best_tap
-
-
-@njit(inline="always")
-def _max_run(source, offset, step, best, count):
+def _max_run(source, offset, step, best, begin, count):
     for j in range(count):
         value = source[offset + np.uint64(j) * step]
-        best[j] = value if beats(decode(value), decode(best[j])) else best[j]
+        kept = best[begin + np.uint64(j)]
+        best[begin + np.uint64(j)] = kept if keeps(decode(kept), decode(value)) else value
 
 
 @njit(inline="always")
-def _max_run_with_taps(source, offset, step, best, best_taps, tap, count):
+def _max_run_with_taps(source, offset, step, best, best_taps, tap, begin, count):
     for j in range(count):
         value = source[offset + np.uint64(j) * step]
-        take = best_taps[j] < 0 or beats(decode(value), decode(best[j]))
-        best[j] = value if take else best[j]
-        best_taps[j] = tap if take else best_taps[j]
+        kept = best[begin + np.uint64(j)]
+        take = best_taps[begin + np.uint64(j)] < 0 or not keeps(decode(kept), decode(value))
+        best[begin + np.uint64(j)] = value if take else kept
+        best_taps[begin + np.uint64(j)] = tap if take else best_taps[begin + np.uint64(j)]
 
 
 @njit(inline="always")
-def max_run(source, offset, step, best, best_taps, tap, count):
-    """Fold one tap into a run of ``count`` interior outputs ``step`` elements apart,
-    tracking the winning taps unless ``best_taps`` is None.
+def max_run(source, offset, step, best, best_taps, tap, begin, count):
+    """Fold one tap into ``count`` consecutive outputs from ``begin``, ``step`` elements
+    apart in the input, tracking the winning taps unless ``best_taps`` is None.
 
     Steps 1 and 2 (most strides) get loops of their own with the step a constant, which the
     compiler vectorizes; the general loop does not.
     """
     if best_taps is None:
         if step == 1:
-            _max_run(source, offset, np.uint64(1), best, count)
+            _max_run(source, offset, np.uint64(1), best, begin, count)
         elif step == 2:
-            _max_run(source, offset, np.uint64(2), best, count)
+            _max_run(source, offset, np.uint64(2), best, begin, count)
         else:
-            _max_run(source, offset, step, best, count)
+            _max_run(source, offset, step, best, begin, count)
     else:
         if step == 1:
-            _max_run_with_taps(source, offset, np.uint64(1), best, best_taps, tap, count)
+            _max_run_with_taps(source, offset, np.uint64(1), best, best_taps, tap, begin, count)
         elif step == 2:
-            _max_run_with_taps(source, offset, np.uint64(2), best, best_taps, tap, count)
+            _max_run_with_taps(source, offset, np.uint64(2), best, best_taps, tap, begin, count)
         else:
-            _max_run_with_taps(source, offset, step, best, best_taps, tap, count)
+            _max_run_with_taps(source, offset, step, best, best_taps, tap, begin, count)
 
 
 @njit(parallel=True, **OPTIONS)
-def max_pool(x, y, indices, lowest, axes, taps, tap_offsets, block, chunks):
+def max_pool(x, y, indices, lowest, axes, taps, tap_offsets, tap_outputs, block, chunks):
     """Max over each window; the first NaN wins, ties go to the first maximum in the scan.
 
     ``y`` receives the winning element itself (bit for bit), or ``lowest`` for a window
@@ -216,76 +200,52 @@ def max_pool(x, y, indices, lowest, axes, taps, tap_offsets, block, chunks):
         unit_begin, unit_end = chunk_units(chunk, chunks, units)
         if indices is None:
             max_pool_units(unit_begin, unit_end, x, y, None, None, lowest, axes, taps,
-                           tap_offsets, block)
+                           tap_offsets, tap_outputs, block)
         else:
             max_pool_units(unit_begin, unit_end, x, y, indices, np.empty(block, np.int64),
-                           lowest, axes, taps, tap_offsets, block)
+                           lowest, axes, taps, tap_offsets, tap_outputs, block)
 
 
 # The loops live in a plain function that the parallel driver calls: inside numba's
 # parallel region they optimize (and vectorize) far worse.
 @njit(**OPTIONS)
 def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, lowest, axes, taps,
-                   tap_offsets, block):
+                   tap_offsets, tap_outputs, block):
     rank = axes.shape[1]
     last = rank - 1
     step = np.uint64(axes[AXIS_STRIDE, last])
     channel_size = x.shape[1]
     starts = np.empty(rank, np.int64)
     best = np.empty(block, x.dtype)
+    positions = np.empty(rank, np.int64)
+    nc = first_unit(unit_begin, axes, block, positions)
     for unit in range(unit_begin, unit_end):
-        nc, first, end, row, row_offset, row_inside = locate_unit(unit, axes, block, starts)
+        if unit > unit_begin:
+            nc = next_unit(positions, nc, axes, block)
+        first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
         source = x[nc]
-        lo, hi = interior(first, end, axes)
-        # interior: taps outer, outputs inner
-        count = hi - lo
-        base = place_window(lo, starts, axes, row_offset)
-        best[:count] = lowest
+        for j in range(end - first):
+            best[j] = lowest
         if best_taps is not None:
-            best_taps[:count] = -1
+            for j in range(end - first):
+                best_taps[j] = -1
         for t in range(tap_offsets.shape[0]):
-            if not row_inside and not tap_is_inside(t, taps, starts, axes, 0, last):
+            if not row_inside and not tap_is_inside(t, taps, starts, axes, last):
                 continue
-            # unsigned: numba then skips the negative-index fix-up and the loop vectorizes
-            offset = np.uint64(base + tap_offsets[t])
-            max_run(source, offset, step, best, best_taps, t, count)
-        y[nc, row + lo:row + hi] = best[:count]
-        if best_taps is not None:
-            for j in range(count):
-                place_window(lo + j, starts, axes, row_offset)
+            begin, count, offset = tap_run(t, first, end, tap_outputs, row_offset, axes,
+                                           tap_offsets)
+            max_run(source, offset, step, best, best_taps, t, begin, count)
+        for j in range(end - first):
+            y[nc, row + first + j] = best[j]
+        if indices is not None:
+            for j in range(end - first):
+                starts[last] = (first + j) * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
                 tap = best_taps[j]
-                indices[nc, row + lo + j] = (
-                    -1 if tap < 0 else input_index(nc, channel_size, tap, taps, starts, axes))
-        # borders: one window at a time; the leading axes need checks only outside the input
-        border_axis = 0 if not row_inside else last
-        for k in range((lo - first) + (end - hi)):
-            o = border_output(k, first, lo, hi)
-            base = place_window(o, starts, axes, row_offset)
-            tap = max_window(source, base, starts, axes, taps, tap_offsets, lowest, border_axis)
-            y[nc, row + o] = lowest if tap < 0 else source[base + tap_offsets[tap]]
-            if indices is not None:
-                indices[nc, row + o] = (
+                indices[nc, row + first + j] = (
                     -1 if tap < 0 else input_index(nc, channel_size, tap, taps, starts, axes))
 
 
 # --------------------------------------------------------------------------- sums
-
-
-@njit(inline="always")
-def window_sum(source, base, starts, axes, taps, tap_offsets, p, p_kind, first_axis):
-    """(sum of term(x) over one border window's taps inside the input, how many there are,
-    how many lie inside the padded extent)."""
-    total = as_accumulator(0, source)
-    inside = 0
-    padded = 0
-    rank = axes.shape[1]
-    for t in range(tap_offsets.shape[0]):
-        if tap_is_in_padded_extent(t, taps, starts, axes, first_axis, rank):
-            padded += 1
-        if tap_is_inside(t, taps, starts, axes, first_axis, rank):
-            total += lp_term(decode(source[base + tap_offsets[t]]), p, p_kind)
-            inside += 1
-    return total, inside, padded
 
 
 @njit(inline="always")
@@ -312,91 +272,77 @@ def lp_root(total, p, p_kind):
 
 
 @njit(inline="always")
-def finish(total, count, p, p_kind, x, y):
-    """The stored result: a mean (p_kind 0, 0 for an empty window) or an Lp norm."""
-    if p_kind == 0:
-        if count == 0:
-            return encode(as_accumulator(0, x), y)
-        return encode(total / as_accumulator(count, x), y)
-    return encode(lp_root(total, p, p_kind), y)
-
-
-@njit(inline="always")
-def _sum_run(source, offset, step, totals, count, p, p_kind):
+def _sum_run(source, offset, step, totals, begin, count, p, p_kind):
     if p_kind == 0:
         for j in range(count):
-            totals[j] += decode(source[offset + np.uint64(j) * step])
+            totals[begin + np.uint64(j)] += decode(source[offset + np.uint64(j) * step])
     elif p_kind == 2:
         for j in range(count):
             value = decode(source[offset + np.uint64(j) * step])
-            totals[j] += value * value
+            totals[begin + np.uint64(j)] += value * value
     else:
         for j in range(count):
-            totals[j] += lp_term(decode(source[offset + np.uint64(j) * step]), p, p_kind)
+            totals[begin + np.uint64(j)] += lp_term(decode(source[offset + np.uint64(j) * step]), p, p_kind)
 
 
 @njit(inline="always")
-def sum_run(source, offset, step, totals, count, p, p_kind):
-    """Add one tap's terms to a run of ``count`` interior outputs; constant steps 1 and 2 as
-    in ``max_run``."""
+def sum_run(source, offset, step, totals, begin, count, p, p_kind):
+    """Add one tap's terms to ``count`` consecutive outputs from ``begin``; constant steps
+    1 and 2 as in ``max_run``."""
     if step == 1:
-        _sum_run(source, offset, np.uint64(1), totals, count, p, p_kind)
+        _sum_run(source, offset, np.uint64(1), totals, begin, count, p, p_kind)
     elif step == 2:
-        _sum_run(source, offset, np.uint64(2), totals, count, p, p_kind)
+        _sum_run(source, offset, np.uint64(2), totals, begin, count, p, p_kind)
     else:
-        _sum_run(source, offset, step, totals, count, p, p_kind)
+        _sum_run(source, offset, step, totals, begin, count, p, p_kind)
 
 
 @njit(parallel=True, **OPTIONS)
-def sum_pool(x, y, p, p_kind, count_include_pad, axes, taps, tap_offsets, block, chunks):
+def sum_pool(x, y, p, p_kind, axes, taps, tap_offsets, tap_outputs, divisor_counts, block,
+             chunks):
     """AveragePool (p_kind 0) and LpPool (p_kind 1, 2, 3) over each window's taps inside the
-    input. AveragePool divides by those taps, or with ``count_include_pad`` by the taps inside
-    the padded extent; a window with no tap inside gives 0."""
+    input. AveragePool divides by the product over axes of ``divisor_counts``; a divisor of
+    0 (a window with no tap inside) gives 0."""
     units = unit_count(x.shape[0], axes, block)
     for chunk in prange(chunks):
         unit_begin, unit_end = chunk_units(chunk, chunks, units)
-        sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, count_include_pad, axes, taps,
-                       tap_offsets, block)
+        sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, axes, taps, tap_offsets,
+                       tap_outputs, divisor_counts, block)
 
 
 @njit(**OPTIONS)
-def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, count_include_pad, axes, taps,
-                   tap_offsets, block):
+def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, axes, taps, tap_offsets, tap_outputs,
+                   divisor_counts, block):
     rank = axes.shape[1]
     last = rank - 1
     step = np.uint64(axes[AXIS_STRIDE, last])
     p_acc = as_accumulator(p, x)
+    zero = as_accumulator(0, x)
     starts = np.empty(rank, np.int64)
     totals = accumulator_array(block, x)
+    positions = np.empty(rank, np.int64)
+    nc = first_unit(unit_begin, axes, block, positions)
     for unit in range(unit_begin, unit_end):
-        nc, first, end, row, row_offset, row_inside = locate_unit(unit, axes, block, starts)
+        if unit > unit_begin:
+            nc = next_unit(positions, nc, axes, block)
+        first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
         source = x[nc]
-        lo, hi = interior(first, end, axes)
-        # interior: taps outer, outputs inner; along the last axis every tap is inside
-        count = hi - lo
-        base = place_window(lo, starts, axes, row_offset)
-        totals[:count] = 0
-        inside = 0
-        padded = 0
+        for j in range(end - first):
+            totals[j] = zero
         for t in range(tap_offsets.shape[0]):
-            if not row_inside:
-                if tap_is_in_padded_extent(t, taps, starts, axes, 0, last):
-                    padded += 1
-                if not tap_is_inside(t, taps, starts, axes, 0, last):
-                    continue
-            inside += 1
-            # unsigned: numba then skips the negative-index fix-up and the loop vectorizes
-            offset = np.uint64(base + tap_offsets[t])
-            sum_run(source, offset, step, totals, count, p_acc, p_kind)
-        divisor = padded if count_include_pad and not row_inside else inside
-        for j in range(count):
-            y[nc, row + lo + j] = finish(totals[j], divisor, p_acc, p_kind, x, y)
-        # borders: one window at a time; the leading axes need checks only outside the input
-        border_axis = 0 if not row_inside else last
-        for k in range((lo - first) + (end - hi)):
-            o = border_output(k, first, lo, hi)
-            base = place_window(o, starts, axes, row_offset)
-            total, inside, padded = window_sum(source, base, starts, axes, taps,
-                                               tap_offsets, p_acc, p_kind, border_axis)
-            y[nc, row + o] = finish(total, padded if count_include_pad else inside,
-                                    p_acc, p_kind, x, y)
+            if not row_inside and not tap_is_inside(t, taps, starts, axes, last):
+                continue
+            begin, count, offset = tap_run(t, first, end, tap_outputs, row_offset, axes,
+                                           tap_offsets)
+            sum_run(source, offset, step, totals, begin, count, p_acc, p_kind)
+        if p_kind == 0:
+            leading = 1
+            for axis in range(last):
+                leading *= divisor_counts[axis, positions[axis]]
+            for j in range(end - first):
+                divisor = leading * divisor_counts[last, first + j]
+                mean = totals[j] / as_accumulator(max(divisor, 1), x)
+                y[nc, row + first + j] = encode(mean if divisor > 0 else zero, y)
+        else:
+            for j in range(end - first):
+                y[nc, row + first + j] = encode(lp_root(totals[j], p_acc, p_kind), y)
