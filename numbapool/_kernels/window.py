@@ -217,13 +217,16 @@ def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, lowest, axes,
     channel_size = x.shape[1]
     starts = np.empty(rank, np.int64)
     best = np.empty(block, x.dtype)
+    # flat views, made once: a view per row costs reference counting in the hot loop
+    source = x.reshape(x.size)
+    out = y.reshape(y.size)
     positions = np.empty(rank, np.int64)
     nc = first_unit(unit_begin, axes, block, positions)
     for unit in range(unit_begin, unit_end):
         if unit > unit_begin:
             nc = next_unit(positions, nc, axes, block)
         first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
-        source = x[nc]
+        row_offset += nc * channel_size
         for j in range(end - first):
             best[j] = lowest
         if best_taps is not None:
@@ -235,8 +238,9 @@ def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, lowest, axes,
             begin, count, offset = tap_run(t, first, end, tap_outputs, row_offset, axes,
                                            tap_offsets)
             max_run(source, offset, step, best, best_taps, t, begin, count)
+        out_begin = np.uint64(nc * y.shape[1] + row + first)
         for j in range(end - first):
-            y[nc, row + first + j] = best[j]
+            out[out_begin + np.uint64(j)] = best[j]
         if indices is not None:
             for j in range(end - first):
                 starts[last] = (first + j) * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
@@ -273,16 +277,24 @@ def lp_root(total, p, p_kind):
 
 @njit(inline="always")
 def _sum_run(source, offset, step, totals, begin, count, p, p_kind):
+    # one loop per kind, the kind a constant in each: a branch inside the loop would keep it
+    # from vectorizing
     if p_kind == 0:
         for j in range(count):
-            totals[begin + np.uint64(j)] += decode(source[offset + np.uint64(j) * step])
+            totals[begin + np.uint64(j)] += lp_term(
+                decode(source[offset + np.uint64(j) * step]), p, 0)
+    elif p_kind == 1:
+        for j in range(count):
+            totals[begin + np.uint64(j)] += lp_term(
+                decode(source[offset + np.uint64(j) * step]), p, 1)
     elif p_kind == 2:
         for j in range(count):
-            value = decode(source[offset + np.uint64(j) * step])
-            totals[begin + np.uint64(j)] += value * value
+            totals[begin + np.uint64(j)] += lp_term(
+                decode(source[offset + np.uint64(j) * step]), p, 2)
     else:
         for j in range(count):
-            totals[begin + np.uint64(j)] += lp_term(decode(source[offset + np.uint64(j) * step]), p, p_kind)
+            totals[begin + np.uint64(j)] += lp_term(
+                decode(source[offset + np.uint64(j) * step]), p, 3)
 
 
 @njit(inline="always")
@@ -320,13 +332,16 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, axes, taps, tap_offset
     zero = as_accumulator(0, x)
     starts = np.empty(rank, np.int64)
     totals = accumulator_array(block, x)
+    # flat views, made once: a view per row costs reference counting in the hot loop
+    source = x.reshape(x.size)
+    out = y.reshape(y.size)
     positions = np.empty(rank, np.int64)
     nc = first_unit(unit_begin, axes, block, positions)
     for unit in range(unit_begin, unit_end):
         if unit > unit_begin:
             nc = next_unit(positions, nc, axes, block)
         first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
-        source = x[nc]
+        row_offset += nc * x.shape[1]
         for j in range(end - first):
             totals[j] = zero
         for t in range(tap_offsets.shape[0]):
@@ -335,14 +350,18 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, axes, taps, tap_offset
             begin, count, offset = tap_run(t, first, end, tap_outputs, row_offset, axes,
                                            tap_offsets)
             sum_run(source, offset, step, totals, begin, count, p_acc, p_kind)
+        out_begin = np.uint64(nc * y.shape[1] + row + first)
         if p_kind == 0:
             leading = 1
             for axis in range(last):
                 leading *= divisor_counts[axis, positions[axis]]
             for j in range(end - first):
-                divisor = leading * divisor_counts[last, first + j]
+                divisor = leading * divisor_counts[np.uint64(last), np.uint64(first + j)]
                 mean = totals[j] / as_accumulator(max(divisor, 1), x)
-                y[nc, row + first + j] = encode(mean if divisor > 0 else zero, y)
+                out[out_begin + np.uint64(j)] = encode(mean if divisor > 0 else zero, y)
+        elif p_kind == 2:  # the common norm gets a loop with its kind a constant
+            for j in range(end - first):
+                out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, 2), y)
         else:
             for j in range(end - first):
-                y[nc, row + first + j] = encode(lp_root(totals[j], p_acc, p_kind), y)
+                out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, p_kind), y)
