@@ -98,10 +98,9 @@ def run_global(op: str, x: np.ndarray, dtype: np.dtype, out_shape: tuple, p: flo
     rows_out = y.reshape(-1).view(storage_dtype(dtype))
     if op == "GlobalMaxPool":
         global_.global_max_pool(rows_in, rows_out)
-    elif op == "GlobalAveragePool":
-        global_.global_average_pool(rows_in, rows_out)
     else:
-        global_.global_lp_pool(rows_in, rows_out, p, _p_kind(p))
+        p_kind = 0 if op == "GlobalAveragePool" else _p_kind(p)
+        global_.global_sum_pool(rows_in, rows_out, float(p), p_kind)
     return y
 
 

@@ -8,8 +8,8 @@ SCRIPT = """
 import json, sys
 import numbapool
 from numbapool._kernels import global_, unpool, window
-kernels = [window.max_pool, window.sum_pool, global_.global_max_pool,
-           global_.global_average_pool, global_.global_lp_pool, unpool.max_unpool]
+kernels = [window.max_pool, window.sum_pool, global_.global_max_pool, global_.global_sum_pool,
+           unpool.max_unpool]
 optional = ["onnx", "onnxruntime", "torch", "dask", "hypothesis", "tqdm"]
 print(json.dumps({"compiled": sum(len(k.signatures) for k in kernels),
                   "optional": [m for m in optional if m in sys.modules]}))

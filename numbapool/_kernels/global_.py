@@ -7,39 +7,64 @@ import numpy as np
 from numba import njit, prange
 
 from .codec import decode, encode
-from .window import OPTIONS, lp_root, lp_term
+from .window import OPTIONS, keeps, lp_root, lp_term
+
+# Contiguous runs of channels per parallel chunk: the loops live in plain functions, which
+# numba optimizes better than code inside the parallel region.
+CHUNKS = 64
 
 
 @njit(parallel=True, **OPTIONS)
 def global_max_pool(x, y):
-    """The largest element of each channel, bit for bit; a NaN anywhere gives the first NaN."""
-    for nc in prange(x.shape[0]):
-        best = decode(x[nc, 0])
-        best_at = 0
-        for i in range(x.shape[1]):
-            value = decode(x[nc, i])
-            if value != value:
-                best_at = i
-                break
-            if value > best:
-                best = value
-                best_at = i
-        y[nc] = x[nc, best_at]
+    """The first largest element of each channel, bit for bit; a NaN gives the first NaN."""
+    chunks = min(x.shape[0], CHUNKS)
+    for chunk in prange(chunks):
+        begin, end = x.shape[0] * chunk // chunks, x.shape[0] * (chunk + 1) // chunks
+        global_max_units(np.int64(begin), np.int64(end), x, y)
+
+
+@njit(**OPTIONS)
+def global_max_units(begin, end, x, y):
+    flat = x.reshape(x.size)
+    size = x.shape[1]
+    for nc in range(begin, end):
+        base = np.uint64(nc * size)
+        best = flat[base]
+        for i in range(1, size):
+            value = flat[base + np.uint64(i)]
+            best = best if keeps(decode(best), decode(value)) else value
+        y[nc] = best
 
 
 @njit(parallel=True, **OPTIONS)
-def global_average_pool(x, y):
-    for nc in prange(x.shape[0]):
-        total = 0.0
-        for i in range(x.shape[1]):
-            total += np.float64(decode(x[nc, i]))
-        y[nc] = encode(total / x.shape[1], y)
+def global_sum_pool(x, y, p, p_kind):
+    """GlobalAveragePool (p_kind 0) and GlobalLpPool (p_kind 1, 2, 3)."""
+    chunks = min(x.shape[0], CHUNKS)
+    for chunk in prange(chunks):
+        begin, end = x.shape[0] * chunk // chunks, x.shape[0] * (chunk + 1) // chunks
+        global_sum_units(np.int64(begin), np.int64(end), x, y, p, p_kind)
 
 
-@njit(parallel=True, **OPTIONS)
-def global_lp_pool(x, y, p, p_kind):
-    for nc in prange(x.shape[0]):
-        total = 0.0
-        for i in range(x.shape[1]):
-            total += lp_term(np.float64(decode(x[nc, i])), p, p_kind)
-        y[nc] = encode(lp_root(total, p, p_kind), y)
+@njit(inline="always")
+def channel_sum(flat, base, size, p, p_kind):
+    total = 0.0
+    for i in range(size):
+        total += lp_term(np.float64(decode(flat[base + np.uint64(i)])), p, p_kind)
+    return total
+
+
+@njit(**OPTIONS)
+def global_sum_units(begin, end, x, y, p, p_kind):
+    flat = x.reshape(x.size)
+    size = x.shape[1]
+    for nc in range(begin, end):
+        base = np.uint64(nc * size)
+        # one loop per kind, the kind a constant in each: no branch inside the loop
+        if p_kind == 0:
+            y[nc] = encode(channel_sum(flat, base, size, p, 0) / size, y)
+        elif p_kind == 1:
+            y[nc] = encode(channel_sum(flat, base, size, p, 1), y)
+        elif p_kind == 2:
+            y[nc] = encode(np.sqrt(channel_sum(flat, base, size, p, 2)), y)
+        else:
+            y[nc] = encode(lp_root(channel_sum(flat, base, size, p, 3), p, 3), y)
