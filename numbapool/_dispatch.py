@@ -21,6 +21,8 @@ _STORAGE = {np.dtype(np.float16): np.dtype(np.uint16), BFLOAT16: np.dtype(np.int
 # per thread that the parallel loop's static schedule does too.
 _UNITS_PER_THREAD = 4
 _CHUNKS_PER_THREAD = 16
+# Below this many output-taps a call runs on the calling thread.
+_SERIAL_WORK = 1 << 15
 
 
 def storage_dtype(dtype: np.dtype) -> np.dtype:
@@ -33,9 +35,11 @@ def channel_rows(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     A view when the input is already C-ordered and native; otherwise one copy, which
     leaves the caller's array untouched.
     """
-    array = np.ascontiguousarray(array, dtype=dtype)
+    if not (array.flags.c_contiguous and array.dtype == dtype):
+        array = np.ascontiguousarray(array, dtype=dtype)
     rows = array.reshape(array.shape[0] * array.shape[1], -1)
-    return rows.view(storage_dtype(dtype))
+    storage = storage_dtype(dtype)
+    return rows if storage == dtype else rows.view(storage)
 
 
 def lowest_value(dtype: np.dtype):
@@ -45,23 +49,35 @@ def lowest_value(dtype: np.dtype):
     return np.array(-np.inf, dtype=dtype).view(storage_dtype(dtype))[()]
 
 
-def _work_split(plan: WindowPlan) -> tuple:
-    """(block, chunks): outputs per work unit along the last axis, and how many contiguous
-    runs of units the parallel loop deals out.
+def _launch(plan: WindowPlan) -> tuple:
+    """(block, units, chunks, lowest) for this plan at the current thread count."""
+    threads = numba.get_num_threads()
+    try:
+        return plan.launches[threads]
+    except KeyError:
+        launch = plan.launches[threads] = _work_split(plan, threads) + (lowest_value(plan.dtype),)
+        return launch
+
+
+def _work_split(plan: WindowPlan, threads: int) -> tuple:
+    """(block, units, chunks): outputs per work unit along the last axis, how many units,
+    and how many contiguous runs of units the parallel loop deals out (0: run serially).
 
     A unit is a whole output row unless there are too few rows to keep every thread busy
-    (N*C = 1, 1-D inputs); runs are few enough that each allocates its scratch once.
+    (N*C = 1, 1-D inputs); runs are few enough that each allocates its scratch once. A call
+    with little work runs on the calling thread: waking the others costs more than it saves.
     """
     out = plan.out_shape
     rows = math.prod(out[:-1])
-    threads = numba.get_num_threads()
     wanted = _UNITS_PER_THREAD * threads
     if rows >= wanted:
         block = out[-1]
     else:
         block = max(1, -(-out[-1] // -(-wanted // rows)))
     units = rows * -(-out[-1] // block)
-    return block, min(units, _CHUNKS_PER_THREAD * threads)
+    work = math.prod(out) * len(plan.geometry["tap_offsets"])
+    chunks = 0 if work < _SERIAL_WORK else min(units, _CHUNKS_PER_THREAD * threads)
+    return block, units, chunks
 
 
 def _p_kind(p: float) -> int:
@@ -76,17 +92,27 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
         return (y, indices) if return_indices else y
     rows_in = channel_rows(x, plan.dtype)
     index_rows = indices.reshape(rows_in.shape[0], -1) if return_indices else None
-    rows_out = y.reshape(rows_in.shape[0], -1).view(storage_dtype(plan.dtype))
+    rows_out = y.reshape(rows_in.shape[0], -1).view(rows_in.dtype)
     g = plan.geometry
-    block, chunks = _work_split(plan)
+    block, units, chunks, lowest = _launch(plan)
     if plan.op == "MaxPool":
-        window.max_pool(rows_in, rows_out, index_rows, lowest_value(plan.dtype), g["axes"],
-                        g["taps"], g["tap_offsets"], g["tap_outputs"], block, chunks)
+        args = (rows_in, rows_out, index_rows, lowest, g["axes"], g["taps"],
+                g["tap_offsets"], g["tap_outputs"], block)
+        if chunks:
+            window.max_pool(*args, chunks)
+        elif return_indices:
+            window.max_pool_units(0, units, *args[:3], np.empty(block, np.int64), *args[3:])
+        else:
+            window.max_pool_units(0, units, *args[:3], None, *args[3:])
         return (y, indices) if return_indices else y
     # AveragePool is the p_kind 0 of the summing kernel
     p_kind = 0 if plan.op == "AveragePool" else _p_kind(plan.p)
-    window.sum_pool(rows_in, rows_out, plan.p, p_kind, g["axes"], g["taps"], g["tap_offsets"],
-                    g["tap_outputs"], g["divisor_counts"], block, chunks)
+    args = (rows_in, rows_out, plan.p, p_kind, g["axes"], g["taps"], g["tap_offsets"],
+            g["tap_outputs"], g["divisor_counts"], block)
+    if chunks:
+        window.sum_pool(*args, chunks)
+    else:
+        window.sum_pool_units(0, units, *args)
     return y
 
 

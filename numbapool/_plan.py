@@ -194,6 +194,12 @@ class WindowPlan:
         return ((positions >= 0) & (positions < size),
                 (positions >= -begin) & (positions < size + end))
 
+    @functools.cached_property
+    def launches(self) -> dict:
+        """How a call of this plan is launched, per thread count; filled by _dispatch, kept
+        here so that a repeated call finds it without hashing the plan."""
+        return {}
+
     def _repr_html_(self) -> str:
         rows = [
             ("op", self.op),
@@ -276,10 +282,15 @@ def _freeze(value):
     takes the uncached path, whose validation names the bad value (1.0 == 1 must not hit
     the cache entry of a valid call).
     """
+    if value is None:
+        return value
     if isinstance(value, np.ndarray):
         value = value.tolist()
     if isinstance(value, (list, tuple)):
-        return tuple(value) if all(_is_int(v) for v in value) else list(value)
+        # type() first: the abstract-class check of _is_int is slow for a per-call path
+        if all(type(v) is int or _is_int(v) for v in value):
+            return tuple(value)
+        return list(value)
     return value
 
 
