@@ -19,7 +19,7 @@ import time
 import numba
 import numpy as np
 
-from ._cases import CASES, CASES_BY_NAME, Case, make_input, run
+from ._cases import CASES, CASES_BY_NAME, SCALING_CASES, Case, make_input, run
 
 BLOCK_SECONDS = 0.025
 
@@ -198,6 +198,56 @@ def plot(rows: list, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+def scaling(threads: int, rounds: int) -> str:
+    """numbapool alone at 1 and at ``threads`` threads, interleaved: time per call, speedup
+    (median of per-round ratios) and time per million input elements."""
+    lines = [f"| case | input elements | 1 thread ms | {threads} threads ms | speedup "
+             f"| {threads} threads ms per million elements |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for case in SCALING_CASES:
+        x = make_input(case.shape, case.dtype)
+        run(case, x)
+        times = {1: [], threads: []}
+        for r in range(rounds):
+            for count in ((1, threads) if r % 2 else (threads, 1)):
+                numba.set_num_threads(count)
+                times[count].append(_timed_block(lambda: run(case, x)))
+        numba.set_num_threads(threads)
+        speedup = statistics.median(a / b for a, b in zip(times[1], times[threads]))
+        one, many = (1e3 * statistics.median(times[c]) for c in (1, threads))
+        lines.append(f"| {case.name} | {x.size} | {one:.3f} | {many:.3f} | {speedup:.2f} "
+                     f"| {many / (x.size / 1e6):.3f} |")
+    return "\n".join(lines)
+
+
+def first_call(repeats: int = 3) -> str:
+    """Seconds for a fresh process to import numbapool and run its first max_pool: with the
+    on-disk cache warm, and with an empty cache (compiling the kernel)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    script = ("import time; t = time.perf_counter(); import numpy as np, numbapool; "
+              "numbapool.max_pool(np.ones((1, 3, 8, 8), np.float32), [2, 2]); "
+              "print(time.perf_counter() - t)")
+
+    def seconds(cache_dir):
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                             text=True, check=True).stdout
+        return float(out)
+
+    cold, warm = [], []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as cache_dir:
+            cold.append(seconds(cache_dir))
+            warm.append(seconds(cache_dir))
+    return ("| first call (fresh process: import + first max_pool) | seconds |\n| --- | ---: |\n"
+            f"| empty cache (compiles) | {statistics.median(cold):.2f} |\n"
+            f"| warm cache | {statistics.median(warm):.2f} |")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m numbapool bench",
                                      description=__doc__.split("\n\n")[0])
@@ -206,7 +256,16 @@ def main(argv=None) -> int:
     parser.add_argument("--cases", nargs="+", metavar="NAME",
                         help="only these cases: " + ", ".join(repr(c.name) for c in CASES))
     parser.add_argument("--plot", metavar="PNG", help="also draw the ratios into this file")
+    parser.add_argument("--scaling", action="store_true",
+                        help="instead: numbapool at 1 and N threads, over sizes, and first call")
     args = parser.parse_args(argv)
+    rounds = 5 if args.quick else 25
+    if args.scaling:
+        numba.set_num_threads(args.threads)
+        print(scaling(args.threads, rounds))
+        print()
+        print(first_call())
+        return 0
     cases = CASES
     if args.cases:
         unknown = [name for name in args.cases if name not in CASES_BY_NAME]
@@ -215,7 +274,6 @@ def main(argv=None) -> int:
         cases = [CASES_BY_NAME[name] for name in args.cases]
     numba.set_num_threads(args.threads)
     bandwidth = copy_bandwidth()
-    rounds = 5 if args.quick else 25
     rows = []
     for case in cases:
         rows.append(measure(case, args.threads, rounds, bandwidth))

@@ -41,6 +41,18 @@ CASES = [
 ]
 CASES_BY_NAME = {case.name: case for case in CASES}
 
+# Cases for how numbapool itself scales: with threads (work on one channel; compute-heavy
+# windows) and with the element count (the resnet stem at three batch sizes).
+_STEM = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+SCALING_CASES = [
+    Case("N*C = 1", "MaxPool", (1, 1, 2048, 2048), _STEM),
+    Case("lp p=3", "LpPool", (8, 64, 56, 56), dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], p=3)),
+    CASES_BY_NAME["big kernel"],
+    Case("resnet stem N=2", "MaxPool", (2, 64, 112, 112), _STEM),
+    Case("resnet stem N=4", "MaxPool", (4, 64, 112, 112), _STEM),
+    Case("resnet stem N=8", "MaxPool", (8, 64, 112, 112), _STEM),
+]
+
 
 @functools.lru_cache(maxsize=8)
 def make_input(shape: tuple, dtype: str) -> np.ndarray:

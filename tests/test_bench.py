@@ -44,3 +44,17 @@ def test_every_case_runs_on_a_small_input():
 
 def test_copy_bandwidth_is_positive():
     assert _bench.copy_bandwidth(rounds=1) > 1e8
+
+
+def test_scaling_and_first_call_report():
+    result = subprocess.run([sys.executable, "-m", "numbapool", "bench", "--quick", "--scaling"],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| case")
+            and not line.startswith("| first call") and "---" not in line]
+    names = [row[0].strip() for row in rows]
+    assert names[:3] == ["N*C = 1", "lp p=3", "big kernel"]
+    assert {"empty cache (compiles)", "warm cache"} <= set(names)
+    for row in rows:
+        assert all(float(cell) > 0 for cell in row[1:])
