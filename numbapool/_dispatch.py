@@ -23,6 +23,7 @@ _UNITS_PER_THREAD = 4
 _CHUNKS_PER_THREAD = 16
 # Below this many output-taps a call runs on the calling thread.
 _SERIAL_WORK = 1 << 15
+_MAX_ROW_SLOTS = 64
 
 
 def storage_dtype(dtype: np.dtype) -> np.dtype:
@@ -50,7 +51,7 @@ def lowest_value(dtype: np.dtype):
 
 
 def _launch(plan: WindowPlan) -> tuple:
-    """(block, units, chunks, lowest) for this plan at the current thread count."""
+    """(block, units, chunks, slots, lowest) for this plan at the current thread count."""
     threads = numba.get_num_threads()
     try:
         return plan.launches[threads]
@@ -60,8 +61,9 @@ def _launch(plan: WindowPlan) -> tuple:
 
 
 def _work_split(plan: WindowPlan, threads: int) -> tuple:
-    """(block, units, chunks): outputs per work unit along the last axis, how many units,
-    and how many contiguous runs of units the parallel loop deals out (0: run serially).
+    """(block, units, chunks, slots): outputs per work unit along the last axis, how many
+    units, how many contiguous runs of units the parallel loop deals out (0: run serially),
+    and how many input rows each run caches.
 
     A unit is a whole output row unless there are too few rows to keep every thread busy
     (N*C = 1, 1-D inputs); runs are few enough that each allocates its scratch once. A call
@@ -77,7 +79,11 @@ def _work_split(plan: WindowPlan, threads: int) -> tuple:
     units = rows * -(-out[-1] // block)
     work = math.prod(out) * len(plan.geometry["tap_offsets"])
     chunks = 0 if work < _SERIAL_WORK else min(units, _CHUNKS_PER_THREAD * threads)
-    return block, units, chunks
+    # Cached input rows per run of units: a power of two, twice the rows of one window, so
+    # that the rows the next output row shares are still there.
+    window_rows = len(plan.geometry["lead_rows"])
+    slots = 1 if window_rows == 1 else min(_MAX_ROW_SLOTS, 1 << (2 * window_rows - 1).bit_length())
+    return block, units, chunks, slots
 
 
 def _p_kind(p: float) -> int:
@@ -94,21 +100,23 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     index_rows = indices.reshape(rows_in.shape[0], -1) if return_indices else None
     rows_out = y.reshape(rows_in.shape[0], -1).view(rows_in.dtype)
     g = plan.geometry
-    block, units, chunks, lowest = _launch(plan)
+    block, units, chunks, slots, lowest = _launch(plan)
     if plan.op == "MaxPool":
-        args = (rows_in, rows_out, index_rows, lowest, g["axes"], g["taps"],
-                g["tap_offsets"], g["tap_outputs"], block)
+        args = (rows_in, rows_out, index_rows)
+        geometry = (lowest, g["axes"], g["taps"], g["tap_offsets"], g["tap_outputs"],
+                    g["lead_rows"], block, slots)
         if chunks:
-            window.max_pool(*args, chunks)
+            window.max_pool(*args, *geometry, chunks)
         elif return_indices:
-            window.max_pool_units(0, units, *args[:3], np.empty(block, np.int64), *args[3:])
+            window.max_pool_units(0, units, *args, np.empty(block, np.int64),
+                                  np.empty(slots * block, np.int64), *geometry)
         else:
-            window.max_pool_units(0, units, *args[:3], None, *args[3:])
+            window.max_pool_units(0, units, *args, None, None, *geometry)
         return (y, indices) if return_indices else y
     # AveragePool is the p_kind 0 of the summing kernel
     p_kind = 0 if plan.op == "AveragePool" else _p_kind(plan.p)
     args = (rows_in, rows_out, plan.p, p_kind, g["axes"], g["taps"], g["tap_offsets"],
-            g["tap_outputs"], g["divisor_counts"], block)
+            g["tap_outputs"], g["lead_rows"], g["divisor_counts"], block, slots)
     if chunks:
         window.sum_pool(*args, chunks)
     else:

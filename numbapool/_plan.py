@@ -146,7 +146,8 @@ class WindowPlan:
         C-ordered input; ``tap_outputs`` the [first, end) run of outputs along the last axis
         for which the tap lies inside the input there. ``divisor_counts[axis, o]`` is how
         many of the axis's taps AveragePool counts at output position o; a window's divisor
-        is the product over its axes.
+        is the product over its axes. ``lead_rows`` lists the window's input rows (one per
+        tap of the leading axes) as offsets counted in rows of the last axis.
         """
         rank = len(self.kernel_shape)
         row_major = _row_major_strides(self.spatial_in)
@@ -180,9 +181,11 @@ class WindowPlan:
         counts = last_inside.sum(axis=0)
         firsts = np.where(counts > 0, last_inside.argmax(axis=0), 0)
         runs = np.stack([firsts, firsts + counts], axis=1)
+        # The window's input rows (one per tap of the leading axes), as offsets in rows.
+        lead_rows = tap_offsets[::self.kernel_shape[-1]] // self.spatial_in[-1]
         return dict(axes=axes, taps=taps, tap_offsets=np.ascontiguousarray(tap_offsets),
                     tap_outputs=np.ascontiguousarray(runs[taps[:, -1]]),
-                    divisor_counts=divisor_counts)
+                    lead_rows=np.ascontiguousarray(lead_rows), divisor_counts=divisor_counts)
 
     def _taps_inside(self, axis: int) -> tuple:
         """Two (out, k) boolean tables for one axis: tap k of output o lies inside the input;

@@ -11,3 +11,20 @@ sys.path.insert(0, os.path.dirname(__file__))
 settings.register_profile("ci", max_examples=150, deadline=None, derandomize=False)
 settings.register_profile("dev", max_examples=60, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(params=["serial", "parallel"])
+def execution_path(request, monkeypatch):
+    """Run a test through both ways a call can execute: small calls run serially on the
+    calling thread, larger ones through the parallel driver. Forcing the threshold lets
+    tiny test inputs take either path; plans are rebuilt so that no cached launch leaks."""
+    from numbapool import _dispatch, _plan
+
+    threshold = 1 << 62 if request.param == "serial" else 0
+    monkeypatch.setattr(_dispatch, "_SERIAL_WORK", threshold)
+    _plan._cached_window_plan.cache_clear()
+    yield request.param
+    _plan._cached_window_plan.cache_clear()

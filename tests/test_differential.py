@@ -25,7 +25,11 @@ SPECIAL = [np.nan, np.inf, -np.inf]
 RTOL = {np.dtype(np.float16): 2e-3, np.dtype(ml_dtypes.bfloat16): 1.6e-2,
         np.dtype(np.float32): 2e-6, np.dtype(np.float64): 1e-12}
 
-SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                        HealthCheck.function_scoped_fixture])
+
+# every test here runs both serially and through the parallel driver
+pytestmark = pytest.mark.usefixtures("execution_path")
 
 
 @st.composite
@@ -163,3 +167,37 @@ def test_max_unpool(data):
                                 output_shape=output_shape)
     assert got.dtype == x.dtype
     np.testing.assert_array_equal(got.astype(np.float64), expected)
+
+
+MEDIUM_CASES = [
+    # (shape, attributes): rows long enough to vectorize, windows that share input rows,
+    # few channels (so rows split into blocks), and 3-d windows
+    ((1, 1, 13, 37), dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])),
+    ((1, 2, 14, 33), dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 1], ceil_mode=1)),
+    ((2, 1, 12, 29), dict(kernel_shape=[4, 3], strides=[1, 3], dilations=[2, 2], pads=[3, 2, 0, 4])),
+    ((1, 3, 6, 7, 19), dict(kernel_shape=[3, 2, 3], strides=[2, 1, 2], pads=[1, 0, 1, 1, 1, 2])),
+    ((1, 1, 40), dict(kernel_shape=[5], strides=[3], pads=[4, 4], ceil_mode=1)),
+]
+
+
+@pytest.mark.parametrize("shape, attrs", MEDIUM_CASES)
+@pytest.mark.parametrize("dtype", FLOATS + INTS)
+def test_medium_inputs(shape, attrs, dtype):
+    rng = np.random.default_rng(sum(shape))
+    values = rng.choice(np.array([-3.0, -1.0, 0.0, 1.0, 2.0, 4.0, np.nan]), size=shape,
+                       p=[0.2, 0.2, 0.2, 0.15, 0.15, 0.09, 0.01])
+    if np.dtype(dtype).kind in "iu":
+        values = np.nan_to_num(values, nan=5.0) + (2 if np.dtype(dtype).kind == "u" else 0)
+    x = values.astype(dtype)
+    y, indices = numbapool.max_pool(x, return_indices=True, **attrs)
+    y_ref, indices_ref = reference.pool("MaxPool", x, **attrs)
+    np.testing.assert_array_equal(y.view(np.uint8), y_ref.view(np.uint8))
+    np.testing.assert_array_equal(indices, indices_ref)
+    if np.dtype(dtype).kind in "iu":
+        return
+    for cip in (0, 1):
+        _check_float(numbapool.average_pool(x, count_include_pad=cip, **attrs),
+                     reference.pool("AveragePool", x, count_include_pad=cip, **attrs), x.dtype)
+    for p in (1, 2, 3):
+        _check_float(numbapool.lp_pool(x, p=p, **attrs),
+                     reference.pool("LpPool", x, p=p, **attrs), x.dtype)

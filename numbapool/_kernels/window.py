@@ -186,8 +186,36 @@ def max_run(source, offset, step, best, best_taps, tap, begin, count):
             _max_run_with_taps(source, offset, step, best, best_taps, tap, begin, count)
 
 
+@njit(inline="always")
+def row_slot(row_index, first, keys, slots, out_last):
+    """The cache slot of one input row's last-axis results for the outputs from ``first``,
+    and whether they must be computed (not cached there yet)."""
+    slot = row_index & (slots - 1)
+    key = row_index * (out_last + 1) + first
+    if keys[slot] == key:
+        return slot, False
+    keys[slot] = key
+    return slot, True
+
+
+@njit(inline="always")
+def max_over_last_axis(source, row_start, first, end, step, target, target_taps, base, lowest,
+                       axes, tap_outputs, tap_offsets, k_last):
+    """target[base + j] = the first maximum over the last-axis taps of one input row for
+    output first + j (``lowest`` and tap -1 where none is inside)."""
+    for j in range(end - first):
+        target[base + np.uint64(j)] = lowest
+    if target_taps is not None:
+        for j in range(end - first):
+            target_taps[base + np.uint64(j)] = -1
+    for kw in range(k_last):
+        begin, count, offset = tap_run(kw, first, end, tap_outputs, row_start, axes, tap_offsets)
+        max_run(source, offset, step, target, target_taps, kw, base + begin, count)
+
+
 @njit(parallel=True, **OPTIONS)
-def max_pool(x, y, indices, lowest, axes, taps, tap_offsets, tap_outputs, block, chunks):
+def max_pool(x, y, indices, lowest, axes, taps, tap_offsets, tap_outputs, lead_rows, block,
+             slots, chunks):
     """Max over each window; the first NaN wins, ties go to the first maximum in the scan.
 
     ``y`` receives the winning element itself (bit for bit), or ``lowest`` for a window
@@ -199,24 +227,35 @@ def max_pool(x, y, indices, lowest, axes, taps, tap_offsets, tap_outputs, block,
     for chunk in prange(chunks):
         unit_begin, unit_end = chunk_units(chunk, chunks, units)
         if indices is None:
-            max_pool_units(unit_begin, unit_end, x, y, None, None, lowest, axes, taps,
-                           tap_offsets, tap_outputs, block)
+            max_pool_units(unit_begin, unit_end, x, y, None, None, None, lowest, axes, taps,
+                           tap_offsets, tap_outputs, lead_rows, block, slots)
         else:
             max_pool_units(unit_begin, unit_end, x, y, indices, np.empty(block, np.int64),
-                           lowest, axes, taps, tap_offsets, tap_outputs, block)
+                           np.empty(slots * block, np.int64), lowest, axes, taps, tap_offsets,
+                           tap_outputs, lead_rows, block, slots)
 
 
 # The loops live in a plain function that the parallel driver calls: inside numba's
 # parallel region they optimize (and vectorize) far worse.
 @njit(**OPTIONS)
-def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, lowest, axes, taps,
-                   tap_offsets, tap_outputs, block):
+def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, row_taps, lowest, axes, taps,
+                   tap_offsets, tap_outputs, lead_rows, block, slots):
+    """A window's first maximum in row-major order is the first maximum over its rows of
+    each row's first maximum along the last axis: rows come first in that order. So each
+    input row's last-axis maxima are computed once, cached, and folded row by row; the
+    cache serves the next output rows, whose windows share input rows."""
     rank = axes.shape[1]
     last = rank - 1
     step = np.uint64(axes[AXIS_STRIDE, last])
+    out_last = axes[AXIS_OUT, last]
+    in_last = axes[AXIS_IN, last]
     channel_size = x.shape[1]
+    k_last = taps[taps.shape[0] - 1, last] + 1
+    lead_count = taps.shape[0] // k_last
     starts = np.empty(rank, np.int64)
     best = np.empty(block, x.dtype)
+    rows = np.empty(slots * block, x.dtype)
+    keys = np.full(slots, -1, np.int64)
     # flat views, made once: a view per row costs reference counting in the hot loop
     source = x.reshape(x.size)
     out = y.reshape(y.size)
@@ -227,17 +266,41 @@ def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, lowest, axes,
             nc = next_unit(positions, nc, axes, block)
         first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
         row_offset += nc * channel_size
-        for j in range(end - first):
-            best[j] = lowest
-        if best_taps is not None:
+        if lead_count == 1 and (row_inside or tap_is_inside(0, taps, starts, axes, last)):
+            # one input row per window: no rows to fold
+            max_over_last_axis(source, row_offset, first, end, step, best, best_taps,
+                               np.uint64(0), lowest, axes, tap_outputs, tap_offsets, k_last)
+        else:
             for j in range(end - first):
-                best_taps[j] = -1
-        for t in range(tap_offsets.shape[0]):
-            if not row_inside and not tap_is_inside(t, taps, starts, axes, last):
-                continue
-            begin, count, offset = tap_run(t, first, end, tap_outputs, row_offset, axes,
-                                           tap_offsets)
-            max_run(source, offset, step, best, best_taps, t, begin, count)
+                best[j] = lowest
+            if best_taps is not None:
+                for j in range(end - first):
+                    best_taps[j] = -1
+            first_row = row_offset // in_last
+            for lead in range(lead_count):
+                tap = lead * k_last
+                if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
+                    continue
+                slot, missing = row_slot(first_row + lead_rows[lead], first, keys, slots,
+                                         out_last)
+                base = np.uint64(slot * block)
+                if missing:
+                    max_over_last_axis(source, row_offset + tap_offsets[tap], first, end, step,
+                                       rows, row_taps, base, lowest, axes, tap_outputs,
+                                       tap_offsets, k_last)
+                if best_taps is None:
+                    for j in range(end - first):
+                        kept = best[j]
+                        value = rows[base + np.uint64(j)]
+                        best[j] = kept if keeps(decode(kept), decode(value)) else value
+                else:
+                    for j in range(end - first):
+                        value = rows[base + np.uint64(j)]
+                        found = row_taps[base + np.uint64(j)]
+                        take = found >= 0 and (
+                            best_taps[j] < 0 or not keeps(decode(best[j]), decode(value)))
+                        best[j] = value if take else best[j]
+                        best_taps[j] = tap + found if take else best_taps[j]
         out_begin = np.uint64(nc * y.shape[1] + row + first)
         for j in range(end - first):
             out[out_begin + np.uint64(j)] = best[j]
@@ -309,9 +372,21 @@ def sum_run(source, offset, step, totals, begin, count, p, p_kind):
         _sum_run(source, offset, step, totals, begin, count, p, p_kind)
 
 
+@njit(inline="always")
+def sum_over_last_axis(source, row_start, first, end, step, target, base, zero, axes,
+                       tap_outputs, tap_offsets, k_last, p, p_kind):
+    """target[base + j] = the sum of the terms of one input row's last-axis taps inside the
+    input, for output first + j."""
+    for j in range(end - first):
+        target[base + np.uint64(j)] = zero
+    for kw in range(k_last):
+        begin, count, offset = tap_run(kw, first, end, tap_outputs, row_start, axes, tap_offsets)
+        sum_run(source, offset, step, target, base + begin, count, p, p_kind)
+
+
 @njit(parallel=True, **OPTIONS)
-def sum_pool(x, y, p, p_kind, axes, taps, tap_offsets, tap_outputs, divisor_counts, block,
-             chunks):
+def sum_pool(x, y, p, p_kind, axes, taps, tap_offsets, tap_outputs, lead_rows, divisor_counts,
+             block, slots, chunks):
     """AveragePool (p_kind 0) and LpPool (p_kind 1, 2, 3) over each window's taps inside the
     input. AveragePool divides by the product over axes of ``divisor_counts``; a divisor of
     0 (a window with no tap inside) gives 0."""
@@ -319,19 +394,28 @@ def sum_pool(x, y, p, p_kind, axes, taps, tap_offsets, tap_outputs, divisor_coun
     for chunk in prange(chunks):
         unit_begin, unit_end = chunk_units(chunk, chunks, units)
         sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, axes, taps, tap_offsets,
-                       tap_outputs, divisor_counts, block)
+                       tap_outputs, lead_rows, divisor_counts, block, slots)
 
 
 @njit(**OPTIONS)
 def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, axes, taps, tap_offsets, tap_outputs,
-                   divisor_counts, block):
+                   lead_rows, divisor_counts, block, slots):
+    """A window's sum is the sum over its rows, in order, of each row's sum along the last
+    axis; each input row's sums are computed once, cached, and serve the next output rows,
+    whose windows share input rows."""
     rank = axes.shape[1]
     last = rank - 1
     step = np.uint64(axes[AXIS_STRIDE, last])
+    out_last = axes[AXIS_OUT, last]
+    in_last = axes[AXIS_IN, last]
+    k_last = taps[taps.shape[0] - 1, last] + 1
+    lead_count = taps.shape[0] // k_last
     p_acc = as_accumulator(p, x)
     zero = as_accumulator(0, x)
     starts = np.empty(rank, np.int64)
     totals = accumulator_array(block, x)
+    rows = accumulator_array(slots * block, x)
+    keys = np.full(slots, -1, np.int64)
     # flat views, made once: a view per row costs reference counting in the hot loop
     source = x.reshape(x.size)
     out = y.reshape(y.size)
@@ -342,14 +426,27 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, axes, taps, tap_offset
             nc = next_unit(positions, nc, axes, block)
         first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
         row_offset += nc * x.shape[1]
-        for j in range(end - first):
-            totals[j] = zero
-        for t in range(tap_offsets.shape[0]):
-            if not row_inside and not tap_is_inside(t, taps, starts, axes, last):
-                continue
-            begin, count, offset = tap_run(t, first, end, tap_outputs, row_offset, axes,
-                                           tap_offsets)
-            sum_run(source, offset, step, totals, begin, count, p_acc, p_kind)
+        if lead_count == 1 and (row_inside or tap_is_inside(0, taps, starts, axes, last)):
+            # one input row per window: no rows to add up
+            sum_over_last_axis(source, row_offset, first, end, step, totals, np.uint64(0), zero,
+                               axes, tap_outputs, tap_offsets, k_last, p_acc, p_kind)
+        else:
+            for j in range(end - first):
+                totals[j] = zero
+            first_row = row_offset // in_last
+            for lead in range(lead_count):
+                tap = lead * k_last
+                if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
+                    continue
+                slot, missing = row_slot(first_row + lead_rows[lead], first, keys, slots,
+                                         out_last)
+                base = np.uint64(slot * block)
+                if missing:
+                    sum_over_last_axis(source, row_offset + tap_offsets[tap], first, end, step,
+                                       rows, base, zero, axes, tap_outputs, tap_offsets, k_last,
+                                       p_acc, p_kind)
+                for j in range(end - first):
+                    totals[j] += rows[base + np.uint64(j)]
         out_begin = np.uint64(nc * y.shape[1] + row + first)
         if p_kind == 0:
             leading = 1
