@@ -143,8 +143,8 @@ class WindowPlan:
         column per spatial axis. ``taps`` lists every tap of the window as per-axis tap
         numbers, in row-major order (the scan order that decides ties and the first NaN);
         ``tap_offsets`` is each tap's element offset from the window's first tap in a
-        C-ordered input; ``tap_outputs`` the [first, end) run of outputs along the last axis
-        for which the tap lies inside the input there. ``divisor_counts[axis, o]`` is how
+        C-ordered input; ``tap_outputs[k]`` the [first, end) run of outputs along the last
+        axis for which tap number k of that axis lies inside the input there. ``divisor_counts[axis, o]`` is how
         many of the axis's taps AveragePool counts at output position o; a window's divisor
         is the product over its axes. ``lead_rows`` lists the window's input rows (one per
         tap of the leading axes) as offsets counted in rows of the last axis.
@@ -184,7 +184,7 @@ class WindowPlan:
         # The window's input rows (one per tap of the leading axes), as offsets in rows.
         lead_rows = tap_offsets[::self.kernel_shape[-1]] // self.spatial_in[-1]
         return dict(axes=axes, taps=taps, tap_offsets=np.ascontiguousarray(tap_offsets),
-                    tap_outputs=np.ascontiguousarray(runs[taps[:, -1]]),
+                    tap_outputs=np.ascontiguousarray(runs),
                     lead_rows=np.ascontiguousarray(lead_rows), divisor_counts=divisor_counts)
 
     def _taps_inside(self, axis: int) -> tuple:

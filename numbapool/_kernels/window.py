@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_INPUT_STRIDE,
-                     AXIS_OUT, AXIS_PAD_BEGIN, AXIS_PAD_END, AXIS_STRIDE)
+                     AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE)
 from .codec import accumulator_array, as_accumulator, decode, encode
 
 OPTIONS = dict(cache=True, nogil=True)
@@ -112,10 +112,10 @@ def tap_is_inside(tap, taps, starts, axes, end_axis):
 
 @njit(inline="always")
 def tap_run(tap, first, end, tap_outputs, row_offset, axes, tap_offsets):
-    """The outputs in [first, end) of the row for which ``tap`` lies inside the input along
-    the last axis, as (index of the first in the row part, how many, input offset of its
-    tap). Indices are unsigned so that numba skips the negative-index fix-up and the loops
-    vectorize."""
+    """The outputs in [first, end) of the row for which last-axis tap number ``tap`` lies
+    inside the input there, as (index of the first in the row part, how many, input offset
+    of its tap, counted from the input row at ``row_offset``). Indices are unsigned so that
+    numba skips the negative-index fix-up and the loops vectorize."""
     last = axes.shape[1] - 1
     lo = max(first, tap_outputs[tap, 0])
     hi = min(end, tap_outputs[tap, 1])
