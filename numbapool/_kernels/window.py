@@ -198,7 +198,9 @@ def row_slot(row_index, first, keys, slots, out_last):
     return slot, True
 
 
-@njit(inline="always")
+# Not inlined: called from two places, it would be compiled twice, and the first call's
+# compile time is what a notebook user waits for.
+@njit(**OPTIONS)
 def max_over_last_axis(source, row_start, first, end, step, target, target_taps, base, lowest,
                        axes, tap_outputs, tap_offsets, k_last):
     """target[base + j] = the first maximum over the last-axis taps of one input row for
@@ -372,7 +374,7 @@ def sum_run(source, offset, step, totals, begin, count, p, p_kind):
         _sum_run(source, offset, step, totals, begin, count, p, p_kind)
 
 
-@njit(inline="always")
+@njit(**OPTIONS)  # not inlined, as max_over_last_axis
 def sum_over_last_axis(source, row_start, first, end, step, target, base, zero, axes,
                        tap_outputs, tap_offsets, k_last, p, p_kind):
     """target[base + j] = the sum of the terms of one input row's last-axis taps inside the
