@@ -51,13 +51,25 @@ def lowest_value(dtype: np.dtype):
 
 
 def _launch(plan: WindowPlan) -> tuple:
-    """(block, units, chunks, slots, lowest) for this plan at the current thread count."""
+    """(units, chunks, block, slots, geometry) for this plan at the current thread count:
+    ``geometry`` is the kernel's trailing arguments. Kept on the plan, so a repeated call
+    does no work here."""
     threads = numba.get_num_threads()
     try:
         return plan.launches[threads]
     except KeyError:
-        launch = plan.launches[threads] = _work_split(plan, threads) + (lowest_value(plan.dtype),)
-        return launch
+        pass
+    block, units, chunks, slots = _work_split(plan, threads)
+    g = plan.geometry
+    if plan.op == "MaxPool":
+        geometry = (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"],
+                    g["tap_outputs"], g["lead_rows"], block, slots)
+    else:  # AveragePool is the p_kind 0 of the summing kernel
+        p_kind = 0 if plan.op == "AveragePool" else _p_kind(plan.p)
+        geometry = (plan.p, p_kind, g["axes"], g["taps"], g["tap_offsets"], g["tap_outputs"],
+                    g["lead_rows"], g["divisor_counts"], block, slots)
+    launch = plan.launches[threads] = (units, chunks, block, slots, geometry)
+    return launch
 
 
 def _work_split(plan: WindowPlan, threads: int) -> tuple:
@@ -99,28 +111,21 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     rows_in = channel_rows(x, plan.dtype)
     index_rows = indices.reshape(rows_in.shape[0], -1) if return_indices else None
     rows_out = y.reshape(rows_in.shape[0], -1).view(rows_in.dtype)
-    g = plan.geometry
-    block, units, chunks, slots, lowest = _launch(plan)
+    units, chunks, block, slots, geometry = _launch(plan)
     if plan.op == "MaxPool":
-        args = (rows_in, rows_out, index_rows)
-        geometry = (lowest, g["axes"], g["taps"], g["tap_offsets"], g["tap_outputs"],
-                    g["lead_rows"], block, slots)
         if chunks:
-            window.max_pool(*args, *geometry, chunks)
+            window.max_pool(rows_in, rows_out, index_rows, *geometry, chunks)
         elif return_indices:
-            window.max_pool_units(0, units, *args, np.empty(block, np.int64),
-                                  np.empty(slots * block, np.int64), *geometry)
+            window.max_pool_units(0, units, rows_in, rows_out, index_rows,
+                                  np.empty(block, np.int64), np.empty(slots * block, np.int64),
+                                  *geometry)
         else:
-            window.max_pool_units(0, units, *args, None, None, *geometry)
+            window.max_pool_units(0, units, rows_in, rows_out, None, None, None, *geometry)
         return (y, indices) if return_indices else y
-    # AveragePool is the p_kind 0 of the summing kernel
-    p_kind = 0 if plan.op == "AveragePool" else _p_kind(plan.p)
-    args = (rows_in, rows_out, plan.p, p_kind, g["axes"], g["taps"], g["tap_offsets"],
-            g["tap_outputs"], g["lead_rows"], g["divisor_counts"], block, slots)
     if chunks:
-        window.sum_pool(*args, chunks)
+        window.sum_pool(rows_in, rows_out, *geometry, chunks)
     else:
-        window.sum_pool_units(0, units, *args)
+        window.sum_pool_units(0, units, rows_in, rows_out, *geometry)
     return y
 
 
