@@ -201,3 +201,26 @@ def test_medium_inputs(shape, attrs, dtype):
     for p in (1, 2, 3):
         _check_float(numbapool.lp_pool(x, p=p, **attrs),
                      reference.pool("LpPool", x, p=p, **attrs), x.dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_global_pools_over_many_channels(dtype):
+    # 21 channels: a group of channels scanned side by side, and a remainder
+    rng = np.random.default_rng(21)
+    values = rng.choice(np.array([-2.0, -0.0, 0.0, 1.5, 3.0, np.nan, np.inf]), size=(3, 7, 5, 4),
+                        p=[0.3, 0.15, 0.15, 0.2, 0.15, 0.03, 0.02])
+    x = values.astype(dtype)
+    got = numbapool.global_max_pool(x)
+    # the first maximum of each channel, bit for bit (-0.0 before 0.0 stays -0.0)
+    flat = x.reshape(21, -1).astype(np.float64)
+    expected = np.empty(21, dtype=x.dtype)
+    for channel in range(21):
+        row = flat[channel]
+        nan = np.flatnonzero(np.isnan(row))
+        expected[channel] = x.reshape(21, -1)[channel, nan[0] if nan.size else np.argmax(row)]
+    np.testing.assert_array_equal(got.reshape(-1).view(np.uint8), expected.view(np.uint8))
+    _check_float(numbapool.global_average_pool(x), reference.global_pool("GlobalAveragePool", x),
+                 x.dtype)
+    for p in (1, 2, 3):
+        _check_float(numbapool.global_lp_pool(x, p=p), reference.global_pool("GlobalLpPool", x, p),
+                     x.dtype)

@@ -1,7 +1,8 @@
 """Global pools: one value per (n, c) over all spatial elements, ``x`` as (N*C, S).
 
 Sums accumulate in float64 whatever the dtype: a channel may hold millions of elements.
-Sums run in four interleaved lanes, added in a fixed order.
+Channels are scanned GROUP at a time, element i of each in step, so that the independent
+scans vectorize while each channel is still read in order.
 """
 
 import numpy as np
@@ -13,6 +14,8 @@ from .window import OPTIONS, keeps, lp_root, lp_term
 # Contiguous runs of channels per parallel chunk: the loops live in plain functions, which
 # numba optimizes better than code inside the parallel region.
 CHUNKS = 64
+# Channels scanned side by side by GlobalMaxPool.
+GROUP = 16
 
 
 @njit(parallel=True, **OPTIONS)
@@ -24,17 +27,36 @@ def global_max_pool(x, y):
         global_max_units(np.int64(begin), np.int64(end), x, y)
 
 
+@njit(inline="always")
+def channel_max(flat, base, size):
+    best = flat[base]
+    for i in range(1, size):
+        value = flat[base + np.uint64(i)]
+        best = best if keeps(decode(best), decode(value)) else value
+    return best
+
+
 @njit(**OPTIONS)
 def global_max_units(begin, end, x, y):
+    """Channels go GROUP at a time, element i of each in step: every channel is still
+    scanned in order, and the GROUP independent scans vectorize."""
     flat = x.reshape(x.size)
-    size = x.shape[1]
-    for nc in range(begin, end):
-        base = np.uint64(nc * size)
-        best = flat[base]
+    size = np.uint64(x.shape[1])
+    group_end = begin + (end - begin) // GROUP * GROUP
+    best = np.empty(GROUP, x.dtype)
+    for first in range(begin, group_end, GROUP):
+        base = np.uint64(first) * size
+        for c in range(GROUP):
+            best[c] = flat[base + np.uint64(c) * size]
         for i in range(1, size):
-            value = flat[base + np.uint64(i)]
-            best = best if keeps(decode(best), decode(value)) else value
-        y[nc] = best
+            for c in range(GROUP):
+                value = flat[base + np.uint64(c) * size + np.uint64(i)]
+                kept = best[c]
+                best[c] = kept if keeps(decode(kept), decode(value)) else value
+        for c in range(GROUP):
+            y[first + c] = best[c]
+    for nc in range(group_end, end):
+        y[nc] = channel_max(flat, np.uint64(nc) * size, size)
 
 
 @njit(parallel=True, **OPTIONS)
@@ -47,35 +69,46 @@ def global_sum_pool(x, y, p, p_kind):
 
 
 @njit(inline="always")
-def channel_sum(flat, base, size, p, p_kind):
-    """Four interleaved partial sums, added as (s0 + s1) + (s2 + s3), then the tail: a fixed
-    order, whatever the machine."""
-    full = size - size % 4
-    s0, s1, s2, s3 = 0.0, 0.0, 0.0, 0.0
-    for i in range(0, full, 4):
-        at = base + np.uint64(i)
-        s0 += lp_term(np.float64(decode(flat[at])), p, p_kind)
-        s1 += lp_term(np.float64(decode(flat[at + np.uint64(1)])), p, p_kind)
-        s2 += lp_term(np.float64(decode(flat[at + np.uint64(2)])), p, p_kind)
-        s3 += lp_term(np.float64(decode(flat[at + np.uint64(3)])), p, p_kind)
-    total = (s0 + s1) + (s2 + s3)
-    for i in range(full, size):
-        total += lp_term(np.float64(decode(flat[base + np.uint64(i)])), p, p_kind)
-    return total
+def _group_sums(flat, base, size, totals, p, p_kind):
+    for i in range(size):
+        for c in range(GROUP):
+            totals[c] += lp_term(np.float64(decode(flat[base + np.uint64(c) * size + np.uint64(i)])),
+                                 p, p_kind)
+
+
+@njit(inline="always")
+def _finish(total, size, p, p_kind, y):
+    if p_kind == 0:
+        return encode(total / size, y)
+    return encode(lp_root(total, p, p_kind), y)
 
 
 @njit(**OPTIONS)
 def global_sum_units(begin, end, x, y, p, p_kind):
+    """Channels go GROUP at a time, element i of each in step, each summed in order."""
     flat = x.reshape(x.size)
-    size = x.shape[1]
-    for nc in range(begin, end):
-        base = np.uint64(nc * size)
-        # one loop per kind, the kind a constant in each: no branch inside the loop
-        if p_kind == 0:
-            y[nc] = encode(channel_sum(flat, base, size, p, 0) / size, y)
-        elif p_kind == 1:
-            y[nc] = encode(channel_sum(flat, base, size, p, 1), y)
-        elif p_kind == 2:
-            y[nc] = encode(np.sqrt(channel_sum(flat, base, size, p, 2)), y)
+    size = np.uint64(x.shape[1])
+    totals = np.empty(GROUP, np.float64)
+    for first in range(begin, end, GROUP):
+        count = min(GROUP, end - first)
+        base = np.uint64(first) * size
+        for c in range(GROUP):
+            totals[c] = 0.0
+        if count == GROUP:
+            # one loop per kind, the kind a constant in each, so that it vectorizes
+            if p_kind == 0:
+                _group_sums(flat, base, size, totals, p, 0)
+            elif p_kind == 1:
+                _group_sums(flat, base, size, totals, p, 1)
+            elif p_kind == 2:
+                _group_sums(flat, base, size, totals, p, 2)
+            else:
+                _group_sums(flat, base, size, totals, p, 3)
         else:
-            y[nc] = encode(lp_root(channel_sum(flat, base, size, p, 3), p, 3), y)
+            for c in range(count):
+                for i in range(size):
+                    totals[c] += lp_term(
+                        np.float64(decode(flat[base + np.uint64(c) * size + np.uint64(i)])),
+                        p, p_kind)
+        for c in range(count):
+            y[first + c] = _finish(totals[c], size, p, p_kind, y)
