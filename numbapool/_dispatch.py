@@ -12,7 +12,7 @@ import numba
 import numpy as np
 
 from ._kernels import global_, unpool, window
-from ._plan import BFLOAT16, UnpoolPlan, WindowPlan
+from ._plan import BFLOAT16, UnpoolPlan, WindowPlan, window_extents
 
 # 16-bit floats reach numba as their bit patterns; see _kernels/codec.py.
 _STORAGE = {np.dtype(np.float16): np.dtype(np.uint16), BFLOAT16: np.dtype(np.int16)}
@@ -92,10 +92,21 @@ def _work_split(plan: WindowPlan, threads: int) -> tuple:
     work = math.prod(out) * len(plan.geometry["tap_offsets"])
     chunks = 0 if work < _SERIAL_WORK else min(units, _CHUNKS_PER_THREAD * threads)
     # Cached input rows per run of units: a power of two, twice the rows of one window, so
-    # that the rows the next output row shares are still there.
+    # that the rows the next output row shares are still there. MaxPool caches nothing (0)
+    # when consecutive output rows share no input row; the sums always take a row's sum
+    # first (docs/semantics.md), through one slot at least.
     window_rows = len(plan.geometry["lead_rows"])
     slots = 1 if window_rows == 1 else min(_MAX_ROW_SLOTS, 1 << (2 * window_rows - 1).bit_length())
+    if plan.op == "MaxPool" and not _rows_shared(plan):
+        slots = 0
     return block, units, chunks, slots
+
+
+def _rows_shared(plan: WindowPlan) -> bool:
+    """Whether consecutive output rows along the second-to-last axis share input rows."""
+    if len(plan.kernel_shape) < 2:
+        return False
+    return plan.strides[-2] < window_extents(plan.kernel_shape, plan.dilations)[-2]
 
 
 def _p_kind(p: float) -> int:
@@ -117,8 +128,8 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
             window.max_pool(rows_in, rows_out, index_rows, *geometry, chunks)
         elif return_indices:
             window.max_pool_units(0, units, rows_in, rows_out, index_rows,
-                                  np.empty(block, np.int64), np.empty(slots * block, np.int64),
-                                  *geometry)
+                                  np.empty(block, np.int64),
+                                  np.empty(max(slots, 1) * block, np.int64), *geometry)
         else:
             window.max_pool_units(0, units, rows_in, rows_out, None, None, None, *geometry)
         return (y, indices) if return_indices else y

@@ -202,17 +202,18 @@ def row_slot(row_index, first, keys, slots, out_last):
 # compile time is what a notebook user waits for.
 @njit(**OPTIONS)
 def max_over_last_axis(source, row_start, first, end, step, target, target_taps, base, lowest,
-                       axes, tap_outputs, tap_offsets, k_last):
-    """target[base + j] = the first maximum over the last-axis taps of one input row for
-    output first + j (``lowest`` and tap -1 where none is inside)."""
-    for j in range(end - first):
-        target[base + np.uint64(j)] = lowest
-    if target_taps is not None:
+                       axes, tap_outputs, tap_offsets, k_last, tap_base, fresh):
+    """Fold the last-axis taps of one input row into target[base + j], for output first + j,
+    numbering them from ``tap_base``; ``fresh`` starts from ``lowest`` and tap -1."""
+    if fresh:
         for j in range(end - first):
-            target_taps[base + np.uint64(j)] = -1
+            target[base + np.uint64(j)] = lowest
+        if target_taps is not None:
+            for j in range(end - first):
+                target_taps[base + np.uint64(j)] = -1
     for kw in range(k_last):
         begin, count, offset = tap_run(kw, first, end, tap_outputs, row_start, axes, tap_offsets)
-        max_run(source, offset, step, target, target_taps, kw, base + begin, count)
+        max_run(source, offset, step, target, target_taps, tap_base + kw, base + begin, count)
 
 
 @njit(parallel=True, **OPTIONS)
@@ -233,8 +234,8 @@ def max_pool(x, y, indices, lowest, axes, taps, tap_offsets, tap_outputs, lead_r
                            tap_offsets, tap_outputs, lead_rows, block, slots)
         else:
             max_pool_units(unit_begin, unit_end, x, y, indices, np.empty(block, np.int64),
-                           np.empty(slots * block, np.int64), lowest, axes, taps, tap_offsets,
-                           tap_outputs, lead_rows, block, slots)
+                           np.empty(max(slots, 1) * block, np.int64), lowest, axes, taps,
+                           tap_offsets, tap_outputs, lead_rows, block, slots)
 
 
 # The loops live in a plain function that the parallel driver calls: inside numba's
@@ -245,7 +246,8 @@ def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, row_taps, low
     """A window's first maximum in row-major order is the first maximum over its rows of
     each row's first maximum along the last axis: rows come first in that order. So each
     input row's last-axis maxima are computed once, cached, and folded row by row; the
-    cache serves the next output rows, whose windows share input rows."""
+    cache serves the next output rows, whose windows share input rows. With ``slots`` 0
+    (no input row is shared) the taps fold straight into the outputs, in the same order."""
     rank = axes.shape[1]
     last = rank - 1
     step = np.uint64(axes[AXIS_STRIDE, last])
@@ -256,8 +258,8 @@ def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, row_taps, low
     lead_count = taps.shape[0] // k_last
     starts = np.empty(rank, np.int64)
     best = np.empty(block, x.dtype)
-    rows = np.empty(slots * block, x.dtype)
-    keys = np.full(slots, -1, np.int64)
+    rows = np.empty(max(slots, 1) * block, x.dtype)
+    keys = np.full(max(slots, 1), -1, np.int64)
     # flat views, made once: a view per row costs reference counting in the hot loop
     source = x.reshape(x.size)
     out = y.reshape(y.size)
@@ -268,41 +270,40 @@ def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, row_taps, low
             nc = next_unit(positions, nc, axes, block)
         first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
         row_offset += nc * channel_size
-        if lead_count == 1 and (row_inside or tap_is_inside(0, taps, starts, axes, last)):
-            # one input row per window: no rows to fold
-            max_over_last_axis(source, row_offset, first, end, step, best, best_taps,
-                               np.uint64(0), lowest, axes, tap_outputs, tap_offsets, k_last)
-        else:
+        for j in range(end - first):
+            best[j] = lowest
+        if best_taps is not None:
             for j in range(end - first):
-                best[j] = lowest
-            if best_taps is not None:
+                best_taps[j] = -1
+        first_row = row_offset // in_last
+        for lead in range(lead_count):
+            tap = lead * k_last
+            if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
+                continue
+            if slots == 0:  # no input row is shared by two output rows: fold taps directly
+                max_over_last_axis(source, row_offset + tap_offsets[tap], first, end, step,
+                                   best, best_taps, np.uint64(0), lowest, axes, tap_outputs,
+                                   tap_offsets, k_last, tap, False)
+                continue
+            slot, missing = row_slot(first_row + lead_rows[lead], first, keys, slots, out_last)
+            base = np.uint64(slot * block)
+            if missing:
+                max_over_last_axis(source, row_offset + tap_offsets[tap], first, end, step,
+                                   rows, row_taps, base, lowest, axes, tap_outputs, tap_offsets,
+                                   k_last, 0, True)
+            if best_taps is None:
                 for j in range(end - first):
-                    best_taps[j] = -1
-            first_row = row_offset // in_last
-            for lead in range(lead_count):
-                tap = lead * k_last
-                if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
-                    continue
-                slot, missing = row_slot(first_row + lead_rows[lead], first, keys, slots,
-                                         out_last)
-                base = np.uint64(slot * block)
-                if missing:
-                    max_over_last_axis(source, row_offset + tap_offsets[tap], first, end, step,
-                                       rows, row_taps, base, lowest, axes, tap_outputs,
-                                       tap_offsets, k_last)
-                if best_taps is None:
-                    for j in range(end - first):
-                        kept = best[j]
-                        value = rows[base + np.uint64(j)]
-                        best[j] = kept if keeps(decode(kept), decode(value)) else value
-                else:
-                    for j in range(end - first):
-                        value = rows[base + np.uint64(j)]
-                        found = row_taps[base + np.uint64(j)]
-                        take = found >= 0 and (
-                            best_taps[j] < 0 or not keeps(decode(best[j]), decode(value)))
-                        best[j] = value if take else best[j]
-                        best_taps[j] = tap + found if take else best_taps[j]
+                    kept = best[j]
+                    value = rows[base + np.uint64(j)]
+                    best[j] = kept if keeps(decode(kept), decode(value)) else value
+            else:
+                for j in range(end - first):
+                    value = rows[base + np.uint64(j)]
+                    found = row_taps[base + np.uint64(j)]
+                    take = found >= 0 and (
+                        best_taps[j] < 0 or not keeps(decode(best[j]), decode(value)))
+                    best[j] = value if take else best[j]
+                    best_taps[j] = tap + found if take else best_taps[j]
         out_begin = np.uint64(nc * y.shape[1] + row + first)
         for j in range(end - first):
             out[out_begin + np.uint64(j)] = best[j]
