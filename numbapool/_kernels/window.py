@@ -201,19 +201,23 @@ def row_slot(row_index, first, keys, slots, out_last):
 # Not inlined: called from two places, it would be compiled twice, and the first call's
 # compile time is what a notebook user waits for.
 @njit(**OPTIONS)
-def max_over_last_axis(source, row_start, first, end, step, target, target_taps, base, lowest,
-                       axes, tap_outputs, tap_offsets, k_last, tap_base, fresh):
-    """Fold the last-axis taps of one input row into target[base + j], for output first + j,
-    numbering them from ``tap_base``; ``fresh`` starts from ``lowest`` and tap -1."""
-    if fresh:
-        for j in range(end - first):
-            target[base + np.uint64(j)] = lowest
-        if target_taps is not None:
-            for j in range(end - first):
-                target_taps[base + np.uint64(j)] = -1
+def max_over_last_axis(source, row_start, first, end, step, target, target_taps, base, axes,
+                       tap_outputs, tap_offsets, k_last, tap_base):
+    """Fold the last-axis taps of one input row, numbered from ``tap_base``, into
+    target[base + j] for output first + j."""
     for kw in range(k_last):
         begin, count, offset = tap_run(kw, first, end, tap_outputs, row_start, axes, tap_offsets)
         max_run(source, offset, step, target, target_taps, tap_base + kw, base + begin, count)
+
+
+@njit(inline="always")
+def start_maxima(target, target_taps, base, count, lowest):
+    """Outputs with no tap yet: ``lowest``, tap -1."""
+    for j in range(count):
+        target[base + np.uint64(j)] = lowest
+    if target_taps is not None:
+        for j in range(count):
+            target_taps[base + np.uint64(j)] = -1
 
 
 @njit(parallel=True, **OPTIONS)
@@ -270,11 +274,7 @@ def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, row_taps, low
             nc = next_unit(positions, nc, axes, block)
         first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
         row_offset += nc * channel_size
-        for j in range(end - first):
-            best[j] = lowest
-        if best_taps is not None:
-            for j in range(end - first):
-                best_taps[j] = -1
+        start_maxima(best, best_taps, np.uint64(0), end - first, lowest)
         first_row = row_offset // in_last
         for lead in range(lead_count):
             tap = lead * k_last
@@ -282,15 +282,17 @@ def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, row_taps, low
                 continue
             if slots == 0:  # no input row is shared by two output rows: fold taps directly
                 max_over_last_axis(source, row_offset + tap_offsets[tap], first, end, step,
-                                   best, best_taps, np.uint64(0), lowest, axes, tap_outputs,
-                                   tap_offsets, k_last, tap, False)
+                                   best, best_taps, np.uint64(0), axes, tap_outputs,
+                                   tap_offsets, k_last, tap)
                 continue
             slot, missing = row_slot(first_row + lead_rows[lead], first, keys, slots, out_last)
             base = np.uint64(slot * block)
             if missing:
+                start_maxima(rows, row_taps, base, end - first, lowest)
+                # np.int64: a literal 0 would make numba compile a second specialization
                 max_over_last_axis(source, row_offset + tap_offsets[tap], first, end, step,
-                                   rows, row_taps, base, lowest, axes, tap_outputs, tap_offsets,
-                                   k_last, 0, True)
+                                   rows, row_taps, base, axes, tap_outputs, tap_offsets,
+                                   k_last, np.int64(0))
             if best_taps is None:
                 for j in range(end - first):
                     kept = best[j]
