@@ -21,9 +21,10 @@ from numba import njit, prange
 
 from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_INPUT_STRIDE,
                      AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE)
+from .._cache import CACHE_DIRECTORY
 from .codec import accumulator_array, as_accumulator, decode, encode
 
-OPTIONS = dict(cache=True, nogil=True)
+OPTIONS = dict(cache=CACHE_DIRECTORY is not None, nogil=True)
 
 
 # --------------------------------------------------------------------------- shared helpers

@@ -1,0 +1,73 @@
+"""Where numba keeps numbapool's compiled kernels on disk, and whether it can.
+
+numba picks the first writable place among NUMBA_CACHE_DIR, ``__pycache__`` beside the
+kernels and a per-user directory, and raises at import when none is writable. numbapool
+decides once, before its kernels are defined: when ``NUMBA_CACHE_DIR`` is set only that
+directory counts (falling back elsewhere would write where the user said not to), and
+when no place is writable the kernels compile in every process, after one warning.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+
+import numba
+
+KERNEL_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kernels")
+_KERNEL_MODULES = ("window", "global_", "unpool")
+
+
+def _writable(path: str) -> str | None:
+    """None if ``path`` can hold cache files (created if missing), else why not."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _locate() -> tuple[str | None, str | None]:
+    """(directory numba will cache the kernels in, why there is none)."""
+    if numba.config.CACHE_DIR:
+        problem = _writable(numba.config.CACHE_DIR)
+        if problem:
+            return None, f"NUMBA_CACHE_DIR={numba.config.CACHE_DIR!r}: {problem}"
+    try:  # numba's own search, so that the answer is where numba will write
+        from numba.core import caching
+        implementation = getattr(caching, "CacheImpl", None) or caching._CacheImpl
+        locator_classes = implementation._locator_classes
+    except (ImportError, AttributeError):  # another numba: let it decide
+        return "(chosen by numba)", None
+    source = os.path.join(KERNEL_DIRECTORY, "window.py")
+    for locator_class in locator_classes:
+        try:
+            locator = locator_class.from_function(_locate, source)
+        except Exception:  # a locator that does not apply to a plain module
+            locator = None
+        if locator is not None:
+            return locator.get_cache_path(), None
+    return None, f"no writable cache location for {KERNEL_DIRECTORY!r}"
+
+
+CACHE_DIRECTORY, CACHE_PROBLEM = _locate()
+if CACHE_PROBLEM is not None:
+    warnings.warn(f"numbapool: compiled kernels will not be cached on disk ({CACHE_PROBLEM}); "
+                  "every process compiles them again", RuntimeWarning)
+
+
+def cache_contents() -> dict[str, dict]:
+    """Kernel name -> {"files": compiled objects on disk, "bytes": their size}. Objects of
+    earlier numbapool or numba versions count until numba replaces them."""
+    if CACHE_DIRECTORY is None or not os.path.isdir(CACHE_DIRECTORY):
+        return {}
+    contents: dict[str, dict] = {}
+    for entry in os.scandir(CACHE_DIRECTORY):
+        module, _, rest = entry.name.partition(".")
+        if entry.name.endswith(".nbc") and module in _KERNEL_MODULES:
+            kernel = contents.setdefault(f"{module}.{rest.split('-')[0]}", {"files": 0, "bytes": 0})
+            kernel["files"] += 1
+            kernel["bytes"] += entry.stat().st_size
+    return dict(sorted(contents.items()))
