@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
+from . import _threads
 from ._kernels import global_, unpool, window
 from ._plan import BFLOAT16, UnpoolPlan, WindowPlan, window_extents
 
@@ -50,11 +50,10 @@ def lowest_value(dtype: np.dtype):
     return np.array(-np.inf, dtype=dtype).view(storage_dtype(dtype))[()]
 
 
-def _launch(plan: WindowPlan) -> tuple:
-    """(units, chunks, block, slots, geometry) for this plan at the current thread count:
+def _launch(plan: WindowPlan, threads: int) -> tuple:
+    """(units, chunks, block, slots, geometry) for this plan on ``threads`` threads:
     ``geometry`` is the kernel's trailing arguments. Kept on the plan, so a repeated call
     does no work here."""
-    threads = numba.get_num_threads()
     try:
         return plan.launches[threads]
     except KeyError:
@@ -122,22 +121,25 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     rows_in = channel_rows(x, plan.dtype)
     index_rows = indices.reshape(rows_in.shape[0], -1) if return_indices else None
     rows_out = y.reshape(rows_in.shape[0], -1).view(rows_in.dtype)
-    units, chunks, block, slots, geometry = _launch(plan)
-    if plan.op == "MaxPool":
-        if chunks:
-            window.max_pool(rows_in, rows_out, index_rows, *geometry, chunks)
-        elif return_indices:
-            window.max_pool_units(0, units, rows_in, rows_out, index_rows,
-                                  np.empty(block, np.int64),
-                                  np.empty(max(slots, 1) * block, np.int64), *geometry)
-        else:
-            window.max_pool_units(0, units, rows_in, rows_out, None, None, None, *geometry)
-        return (y, indices) if return_indices else y
-    if chunks:
-        window.sum_pool(rows_in, rows_out, *geometry, chunks)
-    else:
+    threads = _threads.get_num_threads()
+    units, chunks, block, slots, geometry = _launch(plan, threads)
+    before = _threads.enter_parallel(threads) if chunks else 0
+    if before:
+        try:
+            if plan.op == "MaxPool":
+                window.max_pool(rows_in, rows_out, index_rows, *geometry, chunks)
+            else:
+                window.sum_pool(rows_in, rows_out, *geometry, chunks)
+        finally:
+            _threads.leave_parallel(before)
+    elif plan.op != "MaxPool":
         window.sum_pool_units(0, units, rows_in, rows_out, *geometry)
-    return y
+    elif return_indices:
+        window.max_pool_units(0, units, rows_in, rows_out, index_rows, np.empty(block, np.int64),
+                              np.empty(max(slots, 1) * block, np.int64), *geometry)
+    else:
+        window.max_pool_units(0, units, rows_in, rows_out, None, None, None, *geometry)
+    return (y, indices) if return_indices else y
 
 
 def run_global(op: str, x: np.ndarray, dtype: np.dtype, out_shape: tuple, p: float = 2.0):
@@ -146,11 +148,21 @@ def run_global(op: str, x: np.ndarray, dtype: np.dtype, out_shape: tuple, p: flo
         return y
     rows_in = channel_rows(x, dtype)
     rows_out = y.reshape(-1).view(storage_dtype(dtype))
-    if op == "GlobalMaxPool":
-        global_.global_max_pool(rows_in, rows_out)
-    else:
-        p_kind = 0 if op == "GlobalAveragePool" else _p_kind(p)
-        global_.global_sum_pool(rows_in, rows_out, float(p), p_kind)
+    p_kind = 0 if op == "GlobalAveragePool" else _p_kind(p)
+    channels = np.int64(rows_in.shape[0])
+    before = _threads.enter_parallel(_threads.get_num_threads())
+    try:
+        if op == "GlobalMaxPool" and before:
+            global_.global_max_pool(rows_in, rows_out)
+        elif op == "GlobalMaxPool":
+            global_.global_max_units(np.int64(0), channels, rows_in, rows_out)
+        elif before:
+            global_.global_sum_pool(rows_in, rows_out, float(p), p_kind)
+        else:
+            global_.global_sum_units(np.int64(0), channels, rows_in, rows_out, float(p), p_kind)
+    finally:
+        if before:
+            _threads.leave_parallel(before)
     return y
 
 

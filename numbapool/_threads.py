@@ -1,0 +1,121 @@
+"""How many threads a call uses, and when it must not start a parallel region at all.
+
+numba's own ``set_num_threads`` applies to the calling thread only; numbapool keeps a
+program-wide count (``set_num_threads``) and a per-block one (``threads``, a context
+variable, so each thread and each asyncio task has its own), and applies the one in force
+around each kernel call, restoring numba's setting afterwards.
+
+Two threading layers cannot run every parallel region they are given:
+- GNU OpenMP ("omp" from PyPI) kills a child forked from a process that already ran a
+  parallel region; such a child runs the serial kernels instead;
+- "workqueue" aborts when two threads enter parallel regions at once; a call that finds
+  another call inside one runs its serial kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import operator
+import os
+import threading
+
+import numba
+
+_program_threads: int | None = None
+_block_threads: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "numbapool_threads", default=None)
+_forked_from_omp = False
+_workqueue_busy = threading.Lock()
+
+
+def _check_count(n) -> int:
+    limit = numba.config.NUMBA_NUM_THREADS
+    try:
+        n = operator.index(n)
+    except TypeError:
+        raise TypeError(f"thread count must be an int, got {n!r}") from None
+    if not 1 <= n <= limit:
+        raise ValueError(f"thread count must be between 1 and {limit} (NUMBA_NUM_THREADS, set "
+                         f"before the program starts, raises the limit), got {n}")
+    return n
+
+
+def set_num_threads(n: int | None) -> None:
+    """Use ``n`` threads in every numbapool call of the program, from any thread.
+
+    ``None`` goes back to numba's setting of the calling thread (``numba.set_num_threads``,
+    by default ``NUMBA_NUM_THREADS``, the number of cores). A ``threads`` block overrides it.
+    """
+    global _program_threads
+    _program_threads = None if n is None else _check_count(n)
+
+
+@contextlib.contextmanager
+def threads(n: int):
+    """Use ``n`` threads for numbapool calls made inside this ``with`` block (this thread or
+    asyncio task only).
+
+    >>> import numbapool
+    >>> with numbapool.threads(1):
+    ...     numbapool.get_num_threads()
+    1
+    """
+    token = _block_threads.set(_check_count(n))
+    try:
+        yield
+    finally:
+        _block_threads.reset(token)
+
+
+def get_num_threads() -> int:
+    """The number of threads a numbapool call made here would use."""
+    if _forked_from_omp:
+        return 1
+    chosen = _block_threads.get()
+    if chosen is None:
+        chosen = _program_threads
+    return numba.get_num_threads() if chosen is None else chosen
+
+
+def threading_layer() -> str | None:
+    """numba's threading layer in force, or None before the first parallel region."""
+    try:
+        return numba.threading_layer()
+    except ValueError:
+        return None
+
+
+def enter_parallel(wanted: int) -> int:
+    """Prepare a parallel kernel call on ``wanted`` threads. Returns 0 when the call must
+    run serially instead, else the caller's numba thread count, for ``leave_parallel``."""
+    if _forked_from_omp or wanted == 1:
+        return 0
+    if _is_workqueue() and not _workqueue_busy.acquire(blocking=False):
+        return 0
+    before = numba.get_num_threads()
+    if before != wanted:
+        numba.set_num_threads(wanted)
+    return before
+
+
+def leave_parallel(before: int) -> None:
+    if numba.get_num_threads() != before:
+        numba.set_num_threads(before)
+    if _is_workqueue():
+        _workqueue_busy.release()
+
+
+def _is_workqueue() -> bool:
+    return numba.config.THREADING_LAYER == "workqueue" or threading_layer() == "workqueue"
+
+
+def _after_fork_in_child() -> None:
+    global _forked_from_omp, _workqueue_busy
+    _workqueue_busy = threading.Lock()
+    if threading_layer() == "omp":
+        _forked_from_omp = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,137 @@
+"""Threads, thread counts, forked children and processes sharing one cache directory."""
+
+import concurrent.futures
+import multiprocessing
+import os
+import subprocess
+import sys
+
+import numba
+import numpy as np
+import pytest
+
+import numbapool
+from reference import pool
+
+RNG = np.random.default_rng(5)
+# Big enough for the parallel kernels (more than 2**15 output-taps).
+X = RNG.standard_normal((2, 8, 48, 48)).astype(np.float32)
+
+CALLS = {
+    "max_pool": lambda x: numbapool.max_pool(x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                                             return_indices=True),
+    "average_pool": lambda x: numbapool.average_pool(x, [3, 3], pads=[1, 1, 1, 1]),
+    "lp_pool": lambda x: numbapool.lp_pool(x, [2, 3], p=3),
+    "global_max_pool": numbapool.global_max_pool,
+    "global_average_pool": numbapool.global_average_pool,
+}
+
+
+def results(x=X):
+    out = {}
+    for name, call in CALLS.items():
+        value = call(x)
+        out[name] = value if isinstance(value, tuple) else (value,)
+    return out
+
+
+def assert_same(got, expected):
+    assert got.keys() == expected.keys()
+    for name in expected:
+        for a, b in zip(got[name], expected[name]):
+            np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    with numbapool.threads(1):
+        serial = results()
+    assert_same(results(), serial)
+    y = pool("AveragePool", X.astype(np.float64), [3, 3], pads=[1, 1, 1, 1])
+    np.testing.assert_allclose(serial["average_pool"][0], y, rtol=1e-6, atol=1e-6)
+
+
+def test_threads_block_and_program_setting():
+    numba_before = numba.get_num_threads()
+    limit = numba.config.NUMBA_NUM_THREADS
+    with numbapool.threads(1):
+        assert numbapool.get_num_threads() == 1
+        numbapool.max_pool(X, [3, 3])
+        assert numba.get_num_threads() == numba_before  # numba's own setting is left alone
+    try:
+        numbapool.set_num_threads(1)
+        assert numbapool.get_num_threads() == 1
+        with numbapool.threads(limit):  # a block overrides the program setting
+            assert numbapool.get_num_threads() == limit
+        with concurrent.futures.ThreadPoolExecutor(1) as pool_:  # and it holds in other threads
+            assert pool_.submit(numbapool.get_num_threads).result() == 1
+    finally:
+        numbapool.set_num_threads(None)
+    assert numbapool.get_num_threads() == numba.get_num_threads()
+
+
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (10**6, ValueError), ("2", TypeError),
+                                        (1.5, TypeError)])
+def test_bad_thread_counts_name_the_value(bad, error):
+    with pytest.raises(error, match=repr(bad) if error is TypeError else str(bad)):
+        numbapool.set_num_threads(bad)
+    with pytest.raises(error):
+        with numbapool.threads(bad):
+            pass
+
+
+def test_many_python_threads_at_once():
+    expected = results()
+    with concurrent.futures.ThreadPoolExecutor(8) as executor:
+        futures = [executor.submit(results) for _ in range(24)]
+        for future in futures:
+            assert_same(future.result(timeout=600), expected)
+
+
+def _child_results(queue):
+    queue.put({name: [np.asarray(a) for a in value] for name, value in results().items()})
+
+
+def test_forked_child_after_parallel_use_gets_right_answers():
+    expected = results()  # the parent has run parallel regions
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_results, args=(queue,))
+    child.start()
+    got = queue.get(timeout=600)
+    child.join(60)
+    assert child.exitcode == 0
+    assert_same({k: tuple(v) for k, v in got.items()}, expected)
+
+
+_SCRIPT = """
+import concurrent.futures, sys, numpy as np, numbapool
+x = np.random.default_rng(5).standard_normal((2, 8, 48, 48)).astype(np.float32)
+def call():
+    return numbapool.max_pool(x, [3, 3], pads=[1, 1, 1, 1], return_indices=True)
+with concurrent.futures.ThreadPoolExecutor(int(sys.argv[1])) as executor:
+    outs = [f.result() for f in [executor.submit(call) for _ in range(16)]]
+y, i = outs[0]
+assert all((o[0] == y).all() and (o[1] == i).all() for o in outs)
+print(float(y.sum()), int(i.sum()))
+"""
+
+
+def test_workqueue_layer_does_not_abort_under_threads():
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
+    result = subprocess.run([sys.executable, "-c", _SCRIPT, "4"], capture_output=True, text=True,
+                            env=env, timeout=900)
+    assert result.returncode == 0, result.stderr
+    y, i = numbapool.max_pool(X, [3, 3], pads=[1, 1, 1, 1], return_indices=True)
+    assert result.stdout.split() == [str(float(y.sum())), str(int(i.sum()))]
+
+
+def test_four_processes_on_one_empty_cache(tmp_path):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    processes = [subprocess.Popen([sys.executable, "-c", _SCRIPT, "2"], env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for _ in range(4)]
+    outputs = [process.communicate(timeout=900) for process in processes]
+    for process, (_, stderr) in zip(processes, outputs):
+        assert process.returncode == 0, stderr
+    assert len({stdout for stdout, _ in outputs}) == 1
+    assert any(name.endswith(".nbc") for _, _, files in os.walk(tmp_path) for name in files)
