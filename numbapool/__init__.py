@@ -11,15 +11,21 @@ from __future__ import annotations
 import numpy as np
 
 from . import _dispatch, _plan
+from ._threads import get_num_threads, set_num_threads, threads
+from ._warmup import warmup
 
 __all__ = [
     "average_pool",
+    "get_num_threads",
     "global_average_pool",
     "global_lp_pool",
     "global_max_pool",
     "lp_pool",
     "max_pool",
     "max_unpool",
+    "set_num_threads",
+    "threads",
+    "warmup",
 ]
 
 __version__ = "0.1.0"

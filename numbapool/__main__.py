@@ -1,21 +1,95 @@
-"""Command line: ``python -m numbapool bench [--quick] [--threads N] [--cases NAME ...]``."""
+"""Command line: ``python -m numbapool {info,warmup,bench}`` (also the ``numbapool`` script)."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import platform
 import sys
+
+# CPU features that decide how fast the kernels run: vector width and 16-bit float decoding.
+_CPU_FEATURES = ("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+                 "avx512fp16", "avx512bf16", "neon", "sve")
+
+
+def info() -> dict:
+    """What a bug report needs: versions, threads, cache and CPU features."""
+    import llvmlite
+    import numba
+    import numpy as np
+    from llvmlite import binding
+
+    import numbapool
+    from . import _cache, _threads
+
+    try:  # start numba's threads, so that the layer in force is known
+        from numba.np.ufunc.parallel import _launch_threads
+        _launch_threads()
+    except Exception:  # another numba: the layer shows after the first parallel call
+        pass
+    features = binding.get_host_cpu_features()
+    return {
+        "numbapool": numbapool.__version__,
+        "numba": numba.__version__,
+        "numpy": np.__version__,
+        "llvmlite": llvmlite.__version__,
+        "python": platform.python_version(),
+        "threading_layer": _threads.threading_layer(),
+        "threading_layer_requested": numba.config.THREADING_LAYER,
+        "threads": numbapool.get_num_threads(),
+        "thread_limit": numba.config.NUMBA_NUM_THREADS,
+        "cache_directory": _cache.CACHE_DIRECTORY,
+        "cache_problem": _cache.CACHE_PROBLEM,
+        "cached_kernels": _cache.cache_contents(),
+        "cpu": binding.get_host_cpu_name(),
+        "cpu_features": [name for name in _CPU_FEATURES if features.get(name, False)],
+    }
+
+
+def _print_info(as_json: bool) -> None:
+    facts = info()
+    if as_json:
+        print(json.dumps(facts, indent=2))
+        return
+    cached = facts.pop("cached_kernels")
+    facts["cpu_features"] = " ".join(facts["cpu_features"]) or "(none of interest)"
+    width = max(map(len, [*facts, *(f"  {kernel}" for kernel in cached)]))
+    for key, value in facts.items():
+        print(f"{key:{width}s}  {value}")
+    print("cached kernels:" if cached else "cached kernels: none")
+    for kernel, entry in cached.items():
+        print(f"  {kernel:{width - 2}s}  {entry['files']} files, {entry['bytes'] / 1e6:.1f} MB")
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    commands = {"bench": "side-by-side timing against onnxruntime and torch"}
-    if not argv or argv[0] not in commands:
-        print("usage: python -m numbapool {" + ",".join(commands) + "} [options]")
-        for name, what in commands.items():
-            print(f"  {name:8s} {what}")
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    from . import _bench
-
-    return _bench.main(argv[1:])
+    parser = argparse.ArgumentParser(prog="numbapool", description=__doc__)
+    commands = parser.add_subparsers(dest="command", metavar="{info,warmup,bench}")
+    info_parser = commands.add_parser("info", help="versions, threads, cache, CPU features")
+    info_parser.add_argument("--json", action="store_true", help="print JSON")
+    warm = commands.add_parser("warmup", help="compile kernels now, with a progress bar")
+    warm.add_argument("--ops", nargs="+", metavar="OP", help="ONNX operator names (default all)")
+    warm.add_argument("--dtypes", nargs="+", metavar="DTYPE", help="dtype names (default all)")
+    commands.add_parser("bench", add_help=False,
+                        help="side-by-side timing against onnxruntime and torch")
+    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "bench":
+        from . import _bench
+        return _bench.main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "info":
+        _print_info(args.json)
+        return 0
+    if args.command == "warmup":
+        import numbapool
+        try:
+            done = numbapool.warmup(args.ops, args.dtypes, progress=True)
+        except ValueError as error:
+            parser.error(str(error))
+        print(f"{len(done)} kernels ready")
+        return 0
+    parser.print_help()
+    return 2
 
 
 if __name__ == "__main__":

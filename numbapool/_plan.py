@@ -39,7 +39,7 @@ AXIS_ROWS = 9
 # --------------------------------------------------------------------------- validation
 
 
-def _dtype_name(dtype: np.dtype) -> str:
+def dtype_name(dtype: np.dtype) -> str:
     return "bfloat16" if dtype == BFLOAT16 else dtype.name
 
 
@@ -47,7 +47,7 @@ def check_dtype(op: str, dtype: np.dtype, allowed=FLOAT_DTYPES) -> np.dtype:
     """Return ``dtype`` in native byte order, or raise TypeError if ``op`` does not take it."""
     native = dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
     if native not in allowed:
-        names = ", ".join(_dtype_name(d) for d in allowed)
+        names = ", ".join(dtype_name(d) for d in allowed)
         raise TypeError(f"{op} does not support dtype {dtype}; supported dtypes: {names}")
     return native
 
@@ -206,7 +206,7 @@ class WindowPlan:
     def _repr_html_(self) -> str:
         rows = [
             ("op", self.op),
-            ("dtype", _dtype_name(self.dtype)),
+            ("dtype", dtype_name(self.dtype)),
             ("input shape", self.in_shape),
             ("output shape", self.out_shape),
             ("kernel_shape", self.kernel_shape),

@@ -1,0 +1,100 @@
+"""Compile (or load from the disk cache) the kernels of chosen operators and dtypes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _plan
+
+# Each operator with the dtypes ONNX allows it.
+OPERATOR_DTYPES = {
+    "MaxPool": _plan.MAX_POOL_DTYPES,
+    "AveragePool": _plan.FLOAT_DTYPES,
+    "LpPool": _plan.FLOAT_DTYPES,
+    "GlobalMaxPool": _plan.FLOAT_DTYPES,
+    "GlobalAveragePool": _plan.FLOAT_DTYPES,
+    "GlobalLpPool": _plan.FLOAT_DTYPES,
+    "MaxUnpool": _plan.FLOAT_DTYPES,
+}
+DTYPE_NAMES = {_plan.dtype_name(dtype): dtype for dtype in _plan.MAX_POOL_DTYPES}
+
+
+def _choose(what: str, given, known: dict) -> list:
+    if given is None:
+        return list(known)
+    if isinstance(given, str):
+        given = [given]
+    chosen = []
+    for name in given:
+        name = name if isinstance(name, str) else _plan.dtype_name(np.dtype(name))
+        if name not in known:
+            raise ValueError(f"warmup: unknown {what} {name!r}; choose from {', '.join(known)}")
+        chosen.append(name)
+    return chosen
+
+
+def _exercise(op: str, dtype: np.dtype) -> None:
+    """Call ``op`` on a small input and on one big enough for the parallel kernel, which
+    compiles both entry points of each kernel the call can reach."""
+    import numbapool
+
+    for shape in ((1, 1, 4, 4), (1, 2, 64, 64)):
+        x = np.zeros(shape, dtype=dtype)
+        if op == "MaxPool":
+            numbapool.max_pool(x, [3, 3], pads=[1, 1, 1, 1])
+            numbapool.max_pool(x, [3, 3], pads=[1, 1, 1, 1], return_indices=True)
+        elif op == "AveragePool":
+            numbapool.average_pool(x, [3, 3], pads=[1, 1, 1, 1])
+        elif op == "LpPool":
+            numbapool.lp_pool(x, [3, 3], pads=[1, 1, 1, 1])
+        elif op == "GlobalMaxPool":
+            numbapool.global_max_pool(x)
+        elif op == "GlobalAveragePool":
+            numbapool.global_average_pool(x)
+        elif op == "GlobalLpPool":
+            numbapool.global_lp_pool(x)
+        else:
+            y, indices = numbapool.max_pool(x, [2, 2], strides=[2, 2], return_indices=True)
+            numbapool.max_unpool(y, indices, [2, 2], strides=[2, 2])
+
+
+def warmup(ops=None, dtypes=None, *, progress: bool | None = None) -> list[tuple[str, str]]:
+    """Compile the kernels of ``ops`` x ``dtypes`` now, or load them from the disk cache.
+
+    Worth it in an image or a CI job before timing anything, or at the top of a notebook:
+    the first call of each kernel otherwise pays for its compilation (seconds).
+
+    Parameters
+    ----------
+    ops : str or sequence of str, optional
+        ONNX operator names ("MaxPool", "AveragePool", "LpPool", "GlobalMaxPool",
+        "GlobalAveragePool", "GlobalLpPool", "MaxUnpool"); default all.
+    dtypes : str, dtype or sequence of them, optional
+        Default every dtype each operator allows; a dtype an operator does not allow is
+        skipped for that operator.
+    progress : bool, optional
+        Show a progress bar (tqdm); by default only when stderr is a terminal.
+
+    Returns
+    -------
+    list of (op, dtype name)
+        What was compiled or loaded.
+
+    Examples
+    --------
+    >>> import numbapool
+    >>> numbapool.warmup(["MaxPool"], ["float32"], progress=False)
+    [('MaxPool', 'float32')]
+    """
+    from tqdm import tqdm
+
+    chosen_ops = _choose("operator", ops, OPERATOR_DTYPES)
+    chosen_dtypes = _choose("dtype", dtypes, DTYPE_NAMES)
+    pairs = [(op, name) for op in chosen_ops for name in chosen_dtypes
+             if DTYPE_NAMES[name] in OPERATOR_DTYPES[op]]
+    bar = tqdm(pairs, desc="numbapool warmup", unit="kernel",
+               disable=None if progress is None else not progress)
+    for op, name in bar:
+        bar.set_postfix_str(f"{op} {name}")
+        _exercise(op, DTYPE_NAMES[name])
+    return pairs

@@ -1,0 +1,73 @@
+"""The command line: info, warmup; and the disk cache's fallback."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import numbapool
+
+
+def run_numbapool(*args, env=None, timeout=600):
+    return subprocess.run([sys.executable, "-m", "numbapool", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def test_info_json_is_valid_and_complete():
+    result = run_numbapool("info", "--json")
+    assert result.returncode == 0, result.stderr
+    facts = json.loads(result.stdout)
+    assert facts["numbapool"] == numbapool.__version__
+    for key in ("numba", "numpy", "llvmlite"):
+        assert facts[key].split(".")[0].isdigit()
+    assert facts["threading_layer"] in ("omp", "tbb", "workqueue")
+    assert 1 <= facts["threads"] <= facts["thread_limit"]
+    assert isinstance(facts["cached_kernels"], dict)
+    assert isinstance(facts["cpu_features"], list)
+
+
+def test_info_text_shows_threads_in_force():
+    result = run_numbapool("info", env={**os.environ, "NUMBA_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    assert any(line.split() == ["threads", "1"] for line in result.stdout.splitlines())
+
+
+def test_warmup_command_compiles_with_a_progress_bar():
+    result = run_numbapool("warmup", "--ops", "GlobalMaxPool", "--dtypes", "float32", "float64")
+    assert result.returncode == 0, result.stderr
+    assert "2 kernels ready" in result.stdout
+    assert "numbapool warmup" in result.stderr and "2/2" in result.stderr
+
+
+def test_warmup_command_names_a_bad_operator():
+    result = run_numbapool("warmup", "--ops", "MaxPoool")
+    assert result.returncode == 2
+    assert "'MaxPoool'" in result.stderr
+
+
+def test_warmup_skips_dtypes_an_operator_does_not_allow():
+    done = numbapool.warmup(["AveragePool", "MaxPool"], ["uint8"], progress=False)
+    assert done == [("MaxPool", "uint8")]
+    with pytest.raises(ValueError, match="'float128'"):
+        numbapool.warmup(["MaxPool"], ["float128"])
+
+
+def test_unwritable_cache_directory_warns_once_and_still_works(tmp_path):
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    script = ("import warnings, numpy as np\n"
+              "warnings.simplefilter('always')\n"
+              "import numbapool\n"
+              "x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)\n"
+              "print(numbapool.max_pool(x, [2, 2], strides=[2, 2]).ravel().tolist())\n"
+              "print(numbapool.max_pool(x, [2, 2], strides=[2, 2]).ravel().tolist())\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(not_a_directory / "cache")}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=env, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[5.0, 7.0, 13.0, 15.0]"] * 2
+    assert result.stderr.count("RuntimeWarning") == 1
+    assert "will not be cached" in result.stderr and str(not_a_directory) in result.stderr
