@@ -23,6 +23,7 @@ __all__ = [
     "lp_pool",
     "max_pool",
     "max_unpool",
+    "plan",
     "set_num_threads",
     "threads",
     "warmup",
@@ -168,6 +169,26 @@ def lp_pool(x, kernel_shape, *, p=2, strides=None, pads=None, auto_pad="NOTSET",
     plan, x = _window("LpPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
                       p=p)
     return _dispatch.run_window(plan, x)
+
+
+def plan(op, shape, dtype, kernel_shape, **attributes):
+    """How a MaxPool, AveragePool or LpPool call on an input of ``shape`` and ``dtype``
+    resolves: output shape, pads per side, strides, dilations. A notebook shows it as a table.
+
+    ``attributes`` are the keywords of the function (``strides``, ``pads``, ``auto_pad``, ...).
+    The same plan, cached, serves every call with these arguments.
+
+    Examples
+    --------
+    >>> import numbapool
+    >>> p = numbapool.plan("MaxPool", (1, 3, 224, 224), "float32", [3, 3], strides=[2, 2],
+    ...                    auto_pad="SAME_UPPER")
+    >>> p.out_shape, p.pads_begin, p.pads_end
+    ((1, 3, 112, 112), (0, 0), (1, 1))
+    """
+    if op not in ("MaxPool", "AveragePool", "LpPool"):
+        raise ValueError(f"plan: op must be 'MaxPool', 'AveragePool' or 'LpPool', got {op!r}")
+    return _plan.window_plan(op, tuple(shape), np.dtype(dtype), kernel_shape, **attributes)
 
 
 def _global(op: str, x, p: float = 2.0):
