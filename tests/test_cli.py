@@ -71,3 +71,23 @@ def test_unwritable_cache_directory_warns_once_and_still_works(tmp_path):
     assert result.stdout.splitlines() == ["[5.0, 7.0, 13.0, 15.0]"] * 2
     assert result.stderr.count("RuntimeWarning") == 1
     assert "will not be cached" in result.stderr and str(not_a_directory) in result.stderr
+
+
+def test_read_only_install_and_home_warn_once_and_still_work():
+    # Every directory refuses new files, as on a read-only install with no writable home.
+    script = ("import tempfile, warnings\n"
+              "def refuse(*args, **kwargs):\n"
+              "    raise PermissionError(13, 'Read-only file system')\n"
+              "tempfile.TemporaryFile = refuse\n"
+              "warnings.simplefilter('always')\n"
+              "import numpy as np, numbapool\n"
+              "from numbapool import _cache\n"
+              "print(_cache.CACHE_DIRECTORY)\n"
+              "print(numbapool.global_max_pool(np.arange(6.0).reshape(1, 2, 3)).ravel().tolist())\n")
+    env = {key: value for key, value in os.environ.items() if key != "NUMBA_CACHE_DIR"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=env, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["None", "[2.0, 5.0]"]
+    assert result.stderr.count("RuntimeWarning") == 1
+    assert "no writable cache location" in result.stderr

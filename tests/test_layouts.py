@@ -88,3 +88,16 @@ def test_max_unpool_layouts():
         got = numbapool.max_unpool(values, idx, [2, 2], strides=[2, 2])
         expected = reference.unpool(y, indices, [2, 2], strides=[2, 2])
         np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("shape", [(0, 3, 5, 5), (2, 0, 5, 5)])
+def test_empty_batch_or_channels(shape):
+    x = np.zeros(shape, np.float32)
+    y, indices = numbapool.max_pool(x, [2, 2], return_indices=True)
+    assert y.shape == indices.shape == shape[:2] + (4, 4)
+    assert numbapool.average_pool(x, [3, 3], pads=[1, 1, 1, 1]).shape == shape
+    assert numbapool.lp_pool(x, [5, 5]).shape == shape[:2] + (1, 1)
+    for pool_ in (numbapool.global_max_pool, numbapool.global_average_pool,
+                  numbapool.global_lp_pool):
+        assert pool_(x).shape == shape[:2] + (1, 1)
+    assert numbapool.max_unpool(y, indices, [2, 2]).shape == shape
