@@ -166,6 +166,27 @@ def run_global(op: str, x: np.ndarray, dtype: np.dtype, out_shape: tuple, p: flo
     return y
 
 
+def continue_global_sums(op: str, x: np.ndarray, dtype: np.dtype, totals: np.ndarray,
+                         p: float = 2.0) -> np.ndarray:
+    """``totals`` (float64, one per channel) plus the terms of the slab ``x``, added in
+    order: a global sum split over consecutive slabs, bit for bit (numbapool.dask)."""
+    totals = np.array(totals, dtype=np.float64)  # a new array: the caller's stays as it was
+    if x.size:
+        p_kind = 0 if op == "GlobalAveragePool" else _p_kind(p)
+        global_.global_sum_continue(channel_rows(x, dtype), totals, float(p), p_kind)
+    return totals
+
+
+def finish_global_sums(op: str, totals: np.ndarray, size: int, dtype: np.dtype, out_shape: tuple,
+                       p: float = 2.0) -> np.ndarray:
+    """The result of a global sum over ``size`` elements per channel from its totals."""
+    y = np.empty(out_shape, dtype=dtype)
+    p_kind = 0 if op == "GlobalAveragePool" else _p_kind(p)
+    global_.global_sum_finish(np.ascontiguousarray(totals, dtype=np.float64), np.uint64(size),
+                              y.reshape(-1).view(storage_dtype(dtype)), float(p), p_kind)
+    return y
+
+
 def run_unpool(plan: UnpoolPlan, x: np.ndarray, indices: np.ndarray):
     y = np.zeros(plan.out_shape, dtype=plan.dtype)
     if x.size == 0:

@@ -337,6 +337,25 @@ def _window_plan(op, shape, dtype, kernel_shape, strides, pads, auto_pad, ceil_m
 _cached_window_plan = functools.lru_cache(maxsize=1024, typed=True)(_window_plan)
 
 
+def region_plan(plan: WindowPlan, region_shape: tuple, pads: tuple, first_outputs: tuple
+                ) -> WindowPlan:
+    """The plan of a call on a region of ``plan``'s input that gives ``plan``'s outputs from
+    ``first_outputs`` on (numbapool.dask): ``pads`` reach the region's first and last window
+    ends, and the divisor counts are ``plan``'s, so that padding added at a region's edge
+    never counts where the whole call's padding would not."""
+    region = _window_plan(plan.op, tuple(region_shape), plan.dtype, plan.kernel_shape,
+                          plan.strides, pads, "NOTSET", 0, plan.dilations,
+                          plan.count_include_pad, plan.p, plan.storage_order)
+    geometry = dict(region.geometry)
+    whole_counts = plan.geometry["divisor_counts"]
+    counts = np.zeros_like(geometry["divisor_counts"])
+    for axis, (first, length) in enumerate(zip(first_outputs, region.spatial_out)):
+        counts[axis, :length] = whole_counts[axis, first:first + length]
+    geometry["divisor_counts"] = counts
+    region.__dict__["geometry"] = geometry  # the cached_property's slot: this plan only
+    return region
+
+
 # --------------------------------------------------------------------------- global pools
 
 

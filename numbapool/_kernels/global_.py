@@ -112,3 +112,24 @@ def global_sum_units(begin, end, x, y, p, p_kind):
                         p, p_kind)
         for c in range(count):
             y[first + c] = _finish(totals[c], size, p, p_kind, y)
+
+
+@njit(**OPTIONS)
+def global_sum_continue(x, totals, p, p_kind):
+    """Add each channel's terms, in order, to its running float64 total: the sum that
+    global_sum_units makes, continued across consecutive slabs of the channels."""
+    flat = x.reshape(x.size)
+    size = np.uint64(x.shape[1])
+    for nc in range(x.shape[0]):
+        base = np.uint64(nc) * size
+        total = totals[nc]
+        for i in range(size):
+            total += lp_term(np.float64(decode(flat[base + np.uint64(i)])), p, p_kind)
+        totals[nc] = total
+
+
+@njit(**OPTIONS)
+def global_sum_finish(totals, size, y, p, p_kind):
+    """The mean or the root of each total, rounded once, as global_sum_units ends."""
+    for nc in range(totals.shape[0]):
+        y[nc] = _finish(totals[nc], size, p, p_kind, y)

@@ -1,0 +1,151 @@
+"""numbapool.dask on a LocalCluster with worker processes: random chunkings and attributes,
+every operator, bit for bit against the in-memory call."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import numbapool
+import numbapool.dask as nd
+
+da = pytest.importorskip("dask.array")  # a test dependency: present in CI
+distributed = pytest.importorskip("distributed")
+
+ROUNDS = 24
+FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster:
+        with distributed.Client(cluster) as client:
+            yield client
+
+
+def random_input(rng, dtype):
+    rank = int(rng.integers(1, 4))
+    side = {1: 23, 2: 11, 3: 6}[rank]
+    shape = (int(rng.integers(1, 3)), int(rng.integers(1, 4)),
+             *(int(rng.integers(1, side + 1)) for _ in range(rank)))
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(dtype)
+        values = rng.choice([info.min, 0, 1, 5, info.max], size=shape)
+    else:  # few distinct values (ties), signed zeros, infinities and NaN now and then
+        values = rng.choice([-2.5, -1.0, -0.0, 0.0, 0.5, 3.0, 7.25, np.inf, -np.inf, np.nan],
+                            size=shape, p=[.14, .14, .1, .1, .14, .14, .14, .04, .03, .03])
+        values = values * rng.choice([1.0, 1.0001, 0.37], size=shape)
+    return np.asarray(values).astype(dtype)
+
+
+def random_chunks(rng, shape):
+    """Any split of every axis, chunks of 1 included."""
+    chunks = []
+    for size in shape:
+        cuts = sorted(set(rng.integers(1, size, size=int(rng.integers(0, 4)))) if size > 1 else [])
+        bounds = [0, *map(int, cuts), size]
+        chunks.append(tuple(b - a for a, b in zip(bounds, bounds[1:])))
+    return tuple(chunks)
+
+
+def random_attributes(rng, rank, op):
+    kernel = [int(k) for k in rng.integers(1, 4, rank)]
+    attributes = dict(kernel_shape=kernel)
+    if rng.random() < 0.7:
+        attributes["strides"] = [int(s) for s in rng.integers(1, 4, rank)]
+    if rng.random() < 0.4:
+        attributes["dilations"] = [int(d) for d in rng.integers(1, 3, rank)]
+    choice = rng.random()
+    if choice < 0.5:
+        attributes["pads"] = [int(p) for p in rng.integers(0, 4, 2 * rank)]
+    elif choice < 0.7:
+        attributes["auto_pad"] = str(rng.choice(["SAME_UPPER", "SAME_LOWER", "VALID"]))
+    attributes["ceil_mode"] = int(rng.integers(0, 2))
+    if op == "MaxPool":
+        attributes["storage_order"] = int(rng.integers(0, 2))
+        attributes["return_indices"] = True
+    elif op == "AveragePool":
+        attributes["count_include_pad"] = int(rng.integers(0, 2))
+    else:
+        attributes["p"] = [1, 2, 3, 1.5][int(rng.integers(0, 4))]
+    return attributes
+
+
+def assert_bitwise_equal(got, expected):
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    assert got.tobytes() == expected.tobytes()
+
+
+WINDOWED = {"MaxPool": (numbapool.max_pool, nd.max_pool),
+            "AveragePool": (numbapool.average_pool, nd.average_pool),
+            "LpPool": (numbapool.lp_pool, nd.lp_pool)}
+
+
+@pytest.mark.parametrize("op", sorted(WINDOWED))
+def test_windowed_pools_random_chunkings(client, op):
+    rng = np.random.default_rng(["AveragePool", "LpPool", "MaxPool"].index(op))
+    in_memory, on_dask = WINDOWED[op]
+    dtypes = FLOATS + ([np.int8, np.uint8] if op == "MaxPool" else [])
+    checked = 0
+    while checked < ROUNDS:
+        x = random_input(rng, dtypes[int(rng.integers(0, len(dtypes)))])
+        attributes = random_attributes(rng, x.ndim - 2, op)
+        try:
+            expected = in_memory(x, **attributes)
+        except ValueError:  # e.g. a window larger than the padded input
+            continue
+        lazy = on_dask(da.from_array(x, chunks=random_chunks(rng, x.shape)), **attributes)
+        got = client.compute(lazy).result() if not isinstance(lazy, tuple) else \
+            tuple(f.result() for f in client.compute(list(lazy)))
+        for g, e in zip(got if isinstance(got, tuple) else (got,),
+                        expected if isinstance(expected, tuple) else (expected,)):
+            assert_bitwise_equal(np.asarray(g), e)
+        checked += 1
+
+
+GLOBAL = {"GlobalMaxPool": (numbapool.global_max_pool, nd.global_max_pool),
+          "GlobalAveragePool": (numbapool.global_average_pool, nd.global_average_pool),
+          "GlobalLpPool": (lambda x: numbapool.global_lp_pool(x, p=3),
+                           lambda x: nd.global_lp_pool(x, p=3))}
+
+
+@pytest.mark.parametrize("op", sorted(GLOBAL))
+def test_global_pools_random_chunkings(client, op):
+    rng = np.random.default_rng(10 + sorted(GLOBAL).index(op))
+    in_memory, on_dask = GLOBAL[op]
+    for _ in range(ROUNDS):
+        x = random_input(rng, FLOATS[int(rng.integers(0, len(FLOATS)))])
+        # irregular values, so that the order of the additions shows in the last bit
+        x = (x.astype(np.float64) * rng.uniform(0.9, 1.1, x.shape)).astype(x.dtype)
+        lazy = on_dask(da.from_array(x, chunks=random_chunks(rng, x.shape)))
+        assert_bitwise_equal(client.compute(lazy).result(), in_memory(x))
+
+
+def test_output_chunks_follow_the_input_grid():
+    x = da.zeros((2, 3, 100, 60), chunks=(1, 2, 25, 30), dtype=np.float32)
+    y = nd.max_pool(x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    # outputs whose window starts in each input chunk: 2 * o - 1 >= 25, 50, 75 and >= 30
+    assert y.chunks == ((1, 1), (2, 1), (13, 13, 12, 12), (16, 14))
+    assert y.shape == numbapool.plan("MaxPool", x.shape, x.dtype, [3, 3], strides=[2, 2],
+                                     pads=[1, 1, 1, 1]).out_shape
+
+
+def test_lazy_until_computed_and_errors_at_call_time():
+    x = da.ones((1, 1, 8, 8), chunks=4, dtype=np.float32)
+    with pytest.raises(ValueError, match="kernel_shape"):
+        nd.max_pool(x, [0, 2])
+    with pytest.raises(TypeError, match="int32"):
+        nd.average_pool(x.astype(np.int32), [2, 2])
+    with pytest.raises(TypeError, match="uint8"):
+        nd.global_average_pool(x.astype(np.uint8))
+    assert isinstance(nd.global_lp_pool(x), da.Array)
+
+
+def test_import_numbapool_does_not_import_dask():
+    import subprocess
+    import sys
+    script = "import sys, numbapool; print('dask' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", script], capture_output=True,
+                          text=True).stdout.strip() == "False"
