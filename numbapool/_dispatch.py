@@ -26,6 +26,12 @@ _SERIAL_WORK = 1 << 15
 _MAX_ROW_SLOTS = 64
 
 
+# GlobalMaxPool compares floats through their bit patterns as signed integers.
+_SIGNED_BITS = {2: np.dtype(np.int16), 4: np.dtype(np.int32), 8: np.dtype(np.int64)}
+_INF_BITS = {np.dtype(np.float16): 0x7C00, BFLOAT16: 0x7F80, np.dtype(np.float32): 0x7F800000,
+             np.dtype(np.float64): 0x7FF0000000000000}
+
+
 def storage_dtype(dtype: np.dtype) -> np.dtype:
     return _STORAGE.get(dtype, dtype)
 
@@ -150,12 +156,16 @@ def run_global(op: str, x: np.ndarray, dtype: np.dtype, out_shape: tuple, p: flo
     rows_out = y.reshape(-1).view(storage_dtype(dtype))
     p_kind = 0 if op == "GlobalAveragePool" else _p_kind(p)
     channels = np.int64(rows_in.shape[0])
+    if op == "GlobalMaxPool":
+        bits = _SIGNED_BITS[rows_in.dtype.itemsize]
+        maximum = (rows_in, rows_in.view(bits), rows_out, rows_out.view(bits),
+                   np.int64(np.iinfo(bits).max), np.int64(_INF_BITS[dtype]))
     before = _threads.enter_parallel(_threads.get_num_threads())
     try:
         if op == "GlobalMaxPool" and before:
-            global_.global_max_pool(rows_in, rows_out)
+            global_.global_max_pool(*maximum)
         elif op == "GlobalMaxPool":
-            global_.global_max_units(np.int64(0), channels, rows_in, rows_out)
+            global_.global_max_units(np.int64(0), channels, *maximum)
         elif before:
             global_.global_sum_pool(rows_in, rows_out, float(p), p_kind)
         else:

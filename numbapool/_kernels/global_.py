@@ -14,17 +14,18 @@ from .window import OPTIONS, keeps, lp_root, lp_term
 # Contiguous runs of channels per parallel chunk: the loops live in plain functions, which
 # numba optimizes better than code inside the parallel region.
 CHUNKS = 64
-# Channels scanned side by side by GlobalMaxPool.
+# Channels summed side by side.
 GROUP = 16
 
 
 @njit(parallel=True, **OPTIONS)
-def global_max_pool(x, y):
+def global_max_pool(x, bits, y, y_bits, magnitude_mask, inf_bits):
     """The first largest element of each channel, bit for bit; a NaN gives the first NaN."""
     chunks = min(x.shape[0], CHUNKS)
     for chunk in prange(chunks):
         begin, end = x.shape[0] * chunk // chunks, x.shape[0] * (chunk + 1) // chunks
-        global_max_units(np.int64(begin), np.int64(end), x, y)
+        global_max_units(np.int64(begin), np.int64(end), x, bits, y, y_bits, magnitude_mask,
+                         inf_bits)
 
 
 @njit(inline="always")
@@ -36,27 +37,34 @@ def channel_max(flat, base, size):
     return best
 
 
+@njit(inline="always")
+def order_key(bits, magnitude_mask):
+    """A signed integer that orders like the float whose (sign-extended) bits these are:
+    negative floats have their magnitude bits flipped. NaNs get keys beyond the infinities."""
+    return bits ^ ((bits >> 63) & magnitude_mask)
+
+
 @njit(**OPTIONS)
-def global_max_units(begin, end, x, y):
-    """Channels go GROUP at a time, element i of each in step: every channel is still
-    scanned in order, and the GROUP independent scans vectorize."""
-    flat = x.reshape(x.size)
+def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits):
+    """Each channel's maximum as an integer maximum of order keys over ``bits`` (the
+    elements' bit patterns as signed integers), which vectorizes. Equal floats other than
+    zeros and NaNs have equal bits, so that maximum is the first maximum; a channel whose
+    maximum is a zero (+0 and -0 tie) or that holds a NaN is scanned again in order."""
+    flat, flat_bits = x.reshape(x.size), bits.reshape(bits.size)
     size = np.uint64(x.shape[1])
-    group_end = begin + (end - begin) // GROUP * GROUP
-    best = np.empty(GROUP, x.dtype)
-    for first in range(begin, group_end, GROUP):
-        base = np.uint64(first) * size
-        for c in range(GROUP):
-            best[c] = flat[base + np.uint64(c) * size]
-        for i in range(1, size):
-            for c in range(GROUP):
-                value = flat[base + np.uint64(c) * size + np.uint64(i)]
-                kept = best[c]
-                best[c] = kept if keeps(decode(kept), decode(value)) else value
-        for c in range(GROUP):
-            y[first + c] = best[c]
-    for nc in range(group_end, end):
-        y[nc] = channel_max(flat, np.uint64(nc) * size, size)
+    for nc in range(begin, end):
+        base = np.uint64(nc) * size
+        best_key = order_key(np.int64(flat_bits[base]), magnitude_mask)
+        largest_magnitude = np.int64(0)
+        for i in range(size):
+            element = np.int64(flat_bits[base + np.uint64(i)])
+            best_key = max(best_key, order_key(element, magnitude_mask))
+            largest_magnitude = max(largest_magnitude, element & magnitude_mask)
+        best = order_key(best_key, magnitude_mask)  # the key's own inverse
+        if largest_magnitude > inf_bits or best & magnitude_mask == 0:
+            y[nc] = channel_max(flat, base, size)
+        else:
+            y_bits[nc] = best
 
 
 @njit(parallel=True, **OPTIONS)
