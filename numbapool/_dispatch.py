@@ -94,8 +94,7 @@ def _work_split(plan: WindowPlan, threads: int) -> tuple:
     else:
         block = max(1, -(-out[-1] // -(-wanted // rows)))
     units = rows * -(-out[-1] // block)
-    work = math.prod(out) * len(plan.geometry["tap_offsets"])
-    chunks = 0 if work < _SERIAL_WORK else min(units, _CHUNKS_PER_THREAD * threads)
+    chunks = 0 if _runs_serially(plan) else min(units, _CHUNKS_PER_THREAD * threads)
     # Cached input rows per run of units: a power of two, twice the rows of one window, so
     # that the rows the next output row shares are still there. MaxPool caches nothing (0)
     # when consecutive output rows share no input row; the sums always take a row's sum
@@ -105,6 +104,16 @@ def _work_split(plan: WindowPlan, threads: int) -> tuple:
     if plan.op == "MaxPool" and not _rows_shared(plan):
         slots = 0
     return block, units, chunks, slots
+
+
+def _runs_serially(plan: WindowPlan) -> bool:
+    """Whether a call is too small to be worth waking the thread pool (kept on the plan)."""
+    try:
+        return plan.launches["serial"]
+    except KeyError:
+        work = math.prod(plan.out_shape) * len(plan.geometry["tap_offsets"])
+        serial = plan.launches["serial"] = work < _SERIAL_WORK
+        return serial
 
 
 def _rows_shared(plan: WindowPlan) -> bool:
@@ -127,7 +136,8 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     rows_in = channel_rows(x, plan.dtype)
     index_rows = indices.reshape(rows_in.shape[0], -1) if return_indices else None
     rows_out = y.reshape(rows_in.shape[0], -1).view(rows_in.dtype)
-    threads = _threads.get_num_threads()
+    # a small call runs on this thread: its split need not depend on the thread count
+    threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
     units, chunks, block, slots, geometry = _launch(plan, threads)
     before = _threads.enter_parallel(threads) if chunks else 0
     if before:

@@ -199,8 +199,9 @@ class WindowPlan:
 
     @functools.cached_property
     def launches(self) -> dict:
-        """How a call of this plan is launched, per thread count; filled by _dispatch, kept
-        here so that a repeated call finds it without hashing the plan."""
+        """How a call of this plan is launched, per thread count, and whether it runs
+        serially ("serial"); filled by _dispatch, kept here so that a repeated call finds it
+        without hashing the plan."""
         return {}
 
     def _repr_html_(self) -> str:
@@ -287,11 +288,17 @@ def _freeze(value):
     """
     if value is None:
         return value
+    kind = type(value)
+    if kind is tuple or kind is list:  # the common case first: a loop is cheaper than all()
+        for v in value:
+            if type(v) is not int:
+                break
+        else:
+            return tuple(value)
     if isinstance(value, np.ndarray):
         value = value.tolist()
     if isinstance(value, (list, tuple)):
-        # type() first: the abstract-class check of _is_int is slow for a per-call path
-        if all(type(v) is int or _is_int(v) for v in value):
+        if all(_is_int(v) for v in value):
             return tuple(value)
         return list(value)
     return value
