@@ -276,7 +276,7 @@ def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, row_taps, low
         first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
         row_offset += nc * channel_size
         start_maxima(best, best_taps, np.uint64(0), end - first, lowest)
-        first_row = row_offset // in_last
+        first_row = row_offset // in_last if slots else 0  # a division: only when needed
         for lead in range(lead_count):
             tap = lead * k_last
             if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
