@@ -140,22 +140,58 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
     units, chunks, block, slots, geometry = _launch(plan, threads)
     before = _threads.enter_parallel(threads) if chunks else 0
-    if before:
-        try:
-            if plan.op == "MaxPool":
-                window.max_pool(rows_in, rows_out, index_rows, *geometry, chunks)
-            else:
-                window.sum_pool(rows_in, rows_out, *geometry, chunks)
-        finally:
+    fixed = None if return_indices else _fixed_window(plan)
+    try:
+        if fixed is not None:
+            _run_fixed(plan, fixed, rows_in, rows_out, units, block, chunks if before else 0)
+        elif before and plan.op == "MaxPool":
+            window.max_pool(rows_in, rows_out, index_rows, *geometry, chunks)
+        elif before:
+            window.sum_pool(rows_in, rows_out, *geometry, chunks)
+        elif plan.op != "MaxPool":
+            window.sum_pool_units(0, units, rows_in, rows_out, *geometry)
+        elif return_indices:
+            window.max_pool_units(0, units, rows_in, rows_out, index_rows,
+                                  np.empty(block, np.int64),
+                                  np.empty(max(slots, 1) * block, np.int64), *geometry)
+        else:
+            window.max_pool_units(0, units, rows_in, rows_out, None, None, None, *geometry)
+    finally:
+        if before:
             _threads.leave_parallel(before)
-    elif plan.op != "MaxPool":
-        window.sum_pool_units(0, units, rows_in, rows_out, *geometry)
-    elif return_indices:
-        window.max_pool_units(0, units, rows_in, rows_out, index_rows, np.empty(block, np.int64),
-                              np.empty(max(slots, 1) * block, np.int64), *geometry)
-    else:
-        window.max_pool_units(0, units, rows_in, rows_out, None, None, None, *geometry)
     return (y, indices) if return_indices else y
+
+
+def _fixed_window(plan: WindowPlan):
+    """The kernels of window.FIXED_WINDOWS that serve this plan (MaxPool without Indices,
+    AveragePool), or None; kept on the plan."""
+    try:
+        return plan.launches["fixed"]
+    except KeyError:
+        pass
+    key = None
+    rank = len(plan.kernel_shape)
+    if plan.op != "LpPool" and rank in (2, 3) and set(plan.dilations) == {1}:
+        key = (1,) * (3 - rank) + plan.kernel_shape + (plan.strides[-1],)
+    fixed = plan.launches["fixed"] = window.FIXED_WINDOWS.get(key)
+    return fixed
+
+
+def _run_fixed(plan, fixed, rows_in, rows_out, units, block, chunks):
+    max_units, max_driver, sum_units, sum_driver = fixed
+    g = plan.geometry
+    if plan.op == "MaxPool":
+        args = (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"], block)
+        if chunks:
+            max_driver(rows_in, rows_out, *args, chunks)
+        else:
+            max_units(0, units, rows_in, rows_out, *args)
+        return
+    args = (g["axes"], g["taps"], g["tap_offsets"], g["divisor_counts"], block)
+    if chunks:
+        sum_driver(rows_in, rows_out, *args, chunks)
+    else:
+        sum_units(0, units, rows_in, rows_out, *args)
 
 
 def run_global(op: str, x: np.ndarray, dtype: np.dtype, out_shape: tuple, p: float = 2.0):

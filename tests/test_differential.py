@@ -230,3 +230,38 @@ def test_global_pools_over_many_channels(dtype):
     for p in (1, 2, 3):
         _check_float(numbapool.global_lp_pool(x, p=p), reference.global_pool("GlobalLpPool", x, p),
                      x.dtype)
+
+
+@SETTINGS
+@given(st.data())
+def test_fixed_window_kernels(data):
+    """2x2 windows at stride 2 run on kernels of their own (window.FIXED_WINDOWS): the
+    reference's values, and the bits of the rank-generic kernels."""
+    from unittest import mock
+
+    from numbapool import _dispatch
+
+    x = data.draw(inputs(FLOATS + INTS))
+    assume(x.ndim in (4, 5))
+    rank = x.ndim - 2
+    attrs = dict(kernel_shape=[1] * (rank - 2) + [2, 2],
+                 strides=[data.draw(st.integers(1, 2)) for _ in range(rank - 1)] + [2],
+                 pads=data.draw(st.lists(st.integers(0, 1), min_size=2 * rank, max_size=2 * rank)),
+                 ceil_mode=data.draw(st.integers(0, 1)))
+    average = x.dtype.kind == "f" and data.draw(st.booleans())
+    if average:
+        attrs["count_include_pad"] = data.draw(st.integers(0, 1))
+    function = numbapool.average_pool if average else numbapool.max_pool
+    op = "AveragePool" if average else "MaxPool"
+    expected = _expected_or_same_error(op, function, x, attrs)
+    if expected is None:
+        return
+    got = function(x, **attrs)
+    assert _dispatch._fixed_window(numbapool.plan(op, x.shape, x.dtype, **attrs)) is not None
+    with mock.patch.object(_dispatch, "_fixed_window", lambda plan: None):
+        generic = function(x, **attrs)
+    assert got.tobytes() == generic.tobytes()
+    if average:
+        _check_float(got, expected, x.dtype)
+    else:
+        np.testing.assert_array_equal(got.view(np.uint8), expected[0].view(np.uint8))

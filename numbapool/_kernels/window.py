@@ -468,3 +468,175 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, axes, taps, tap_offset
         else:
             for j in range(end - first):
                 out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, p_kind), y)
+
+
+# --------------------------------------------------------------------------- fixed windows
+#
+# Common windows with no dilation can get kernels of their own, in which the window's size
+# and the last-axis step are compile-time constants: an output's taps then unroll into one
+# loop over the outputs of a row, the running maximum or sum stays in a register, and the
+# loads vectorize. Outputs whose window
+# leaves the input (the borders) take their taps one by one, in the same order as the
+# rank-generic kernels: the results are the same, bit for bit.
+
+
+@njit(inline="always")
+def _fold_max(kept, value):
+    return kept if keeps(decode(kept), decode(value)) else value
+
+
+@njit(inline="always")
+def _border_max(o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets):
+    """MaxPool of output o of a row, its taps checked one by one."""
+    last = axes.shape[1] - 1
+    at = o * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
+    best = lowest
+    for tap in range(taps.shape[0]):
+        position = at + taps[tap, last]
+        if position < 0 or position >= axes[AXIS_IN, last]:
+            continue
+        if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
+            continue
+        best = _fold_max(best, source[np.uint64(row_offset + at + tap_offsets[tap])])
+    return best
+
+
+@njit(inline="always")
+def _border_sum(o, row_offset, row_inside, starts, zero, source, axes, taps, tap_offsets,
+                k_last):
+    """The window sum of output o of a row: each input row's sum, then the rows in order."""
+    last = axes.shape[1] - 1
+    at = o * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
+    total = zero
+    for lead in range(taps.shape[0] // k_last):
+        if not row_inside and not tap_is_inside(lead * k_last, taps, starts, axes, last):
+            continue
+        row_sum = zero
+        for tap in range(lead * k_last, (lead + 1) * k_last):
+            position = at + taps[tap, last]
+            if 0 <= position < axes[AXIS_IN, last]:
+                row_sum += decode(source[np.uint64(row_offset + at + tap_offsets[tap])])
+        total += row_sum
+    return total
+
+
+@njit(inline="always")
+def _interior(first, end, axes, width):
+    """[lo, hi): the outputs in [first, end) whose window lies inside along the last axis."""
+    last = axes.shape[1] - 1
+    step, pad, size = axes[AXIS_STRIDE, last], axes[AXIS_PAD_BEGIN, last], axes[AXIS_IN, last]
+    lo = min(max(first, (pad + step - 1) // step), end)
+    hi = max(lo, min(end, (size - width + pad) // step + 1))
+    return lo, hi
+
+
+def fixed_window_kernels(depth, height, width, step):
+    """(max units, max driver, sum units, sum driver) for a depth x height x width window
+    (depth 1: a 2-D window) with no dilation, and this last-axis step."""
+
+    @njit(**OPTIONS)
+    def max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block):
+        rank = axes.shape[1]
+        last = rank - 1
+        row_length = axes[AXIS_IN, last]
+        plane = row_length * axes[AXIS_IN, last - 1] if rank > 2 else 0
+        pad = axes[AXIS_PAD_BEGIN, last]
+        starts = np.empty(rank, np.int64)
+        positions = np.empty(rank, np.int64)
+        source = x.reshape(x.size)
+        out = y.reshape(y.size)
+        nc = first_unit(unit_begin, axes, block, positions)
+        for unit in range(unit_begin, unit_end):
+            if unit > unit_begin:
+                nc = next_unit(positions, nc, axes, block)
+            first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
+            row_offset += nc * x.shape[1]
+            out_first = nc * y.shape[1] + row  # + o: output o's place
+            lo = hi = end
+            if row_inside:
+                lo, hi = _interior(first, end, axes, width)
+                for o in range(lo, hi):
+                    at = np.uint64(row_offset + o * step - pad)
+                    best = lowest
+                    for d in range(depth):
+                        for r in range(height):
+                            for w in range(width):
+                                best = _fold_max(best, source[
+                                    at + np.uint64(d * plane + r * row_length + w)])
+                    out[np.uint64(out_first + o)] = best
+            for o in range(first, lo):
+                out[np.uint64(out_first + o)] = _border_max(
+                    o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets)
+            for o in range(hi, end):
+                out[np.uint64(out_first + o)] = _border_max(
+                    o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets)
+
+    @njit(parallel=True, **OPTIONS)
+    def max_driver(x, y, lowest, axes, taps, tap_offsets, block, chunks):
+        units = unit_count(x.shape[0], axes, block)
+        for chunk in prange(chunks):
+            unit_begin, unit_end = chunk_units(chunk, chunks, units)
+            max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block)
+
+    @njit(**OPTIONS)
+    def sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts, block):
+        rank = axes.shape[1]
+        last = rank - 1
+        row_length = axes[AXIS_IN, last]
+        plane = row_length * axes[AXIS_IN, last - 1] if rank > 2 else 0
+        pad = axes[AXIS_PAD_BEGIN, last]
+        zero = as_accumulator(0, x)
+        starts = np.empty(rank, np.int64)
+        positions = np.empty(rank, np.int64)
+        source = x.reshape(x.size)
+        out = y.reshape(y.size)
+        nc = first_unit(unit_begin, axes, block, positions)
+        for unit in range(unit_begin, unit_end):
+            if unit > unit_begin:
+                nc = next_unit(positions, nc, axes, block)
+            first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
+            row_offset += nc * x.shape[1]
+            out_first = nc * y.shape[1] + row
+            leading = 1
+            for axis in range(last):
+                leading *= divisor_counts[axis, positions[axis]]
+            lo = hi = end
+            if row_inside:
+                lo, hi = _interior(first, end, axes, width)
+                for o in range(lo, hi):
+                    at = np.uint64(row_offset + o * step - pad)
+                    total = zero
+                    for d in range(depth):
+                        for r in range(height):
+                            row_sum = zero
+                            for w in range(width):
+                                row_sum += decode(source[
+                                    at + np.uint64(d * plane + r * row_length + w)])
+                            total += row_sum
+                    divisor = leading * divisor_counts[last, o]
+                    out[np.uint64(out_first + o)] = encode(
+                        total / as_accumulator(divisor, x), y)
+            for o in range(first, end):
+                if lo <= o < hi:
+                    continue
+                total = _border_sum(o, row_offset, row_inside, starts, zero, source, axes, taps,
+                                    tap_offsets, width)
+                divisor = leading * divisor_counts[last, o]
+                mean = total / as_accumulator(max(divisor, 1), x)
+                out[np.uint64(out_first + o)] = encode(mean if divisor > 0 else zero, y)
+
+    @njit(parallel=True, **OPTIONS)
+    def sum_driver(x, y, axes, taps, tap_offsets, divisor_counts, block, chunks):
+        units = unit_count(x.shape[0], axes, block)
+        for chunk in prange(chunks):
+            unit_begin, unit_end = chunk_units(chunk, chunks, units)
+            sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts, block)
+
+    return max_units, max_driver, sum_units, sum_driver
+
+
+# (depth, height, width, last-axis step) -> kernels; compiled on first use, like the rest.
+# Only where measured faster than the rank-generic kernels (docs/performance.md): the 2x2
+# stride-2 window, for every dtype, 2 to 4 times. At 3x3 the generic kernels' reuse of
+# input-row results wins for float64 and uint8 and for stride 1, and 3x3x3 loses outright.
+FIXED_WINDOWS = {key: fixed_window_kernels(*key) for key in [(1, 2, 2, 2)]}
