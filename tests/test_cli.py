@@ -91,3 +91,12 @@ def test_read_only_install_and_home_warn_once_and_still_work():
     assert result.stdout.splitlines() == ["None", "[2.0, 5.0]"]
     assert result.stderr.count("RuntimeWarning") == 1
     assert "no writable cache location" in result.stderr
+
+
+def test_console_script_is_installed():
+    script = os.path.join(os.path.dirname(sys.executable), "numbapool")
+    assert os.path.exists(script), "pip install puts the numbapool script beside python"
+    result = subprocess.run([script, "info", "--json"], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["numbapool"] == numbapool.__version__
