@@ -66,8 +66,13 @@ def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
+# The largest kernel size, stride, dilation or pad: products of two stay within int64,
+# where the kernels do their index arithmetic.
+MAX_ATTRIBUTE = 2**31 - 1
+
+
 def int_tuple(name: str, value, length: int, minimum: int) -> tuple:
-    """``value`` as a tuple of ``length`` Python ints, each at least ``minimum``."""
+    """``value`` as a tuple of ``length`` Python ints, each in [minimum, MAX_ATTRIBUTE]."""
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
         raise TypeError(f"{name} must be a sequence of {length} integers; got {value!r}")
     if isinstance(value, np.ndarray) and value.ndim != 1:
@@ -81,6 +86,9 @@ def int_tuple(name: str, value, length: int, minimum: int) -> tuple:
     for axis, v in enumerate(items):
         if v < minimum:
             raise ValueError(f"{name}[{axis}] must be >= {minimum}; got {v} in {name}={value!r}")
+        if v > MAX_ATTRIBUTE:
+            raise ValueError(f"{name}[{axis}] must be <= {MAX_ATTRIBUTE}; got {v} in "
+                             f"{name}={value!r}")
     return tuple(items)
 
 
