@@ -530,28 +530,42 @@ def _interior(first, end, axes, width):
     return lo, hi
 
 
+@njit(inline="always")
+def _fixed_layout(axes):
+    """(last axis, input row length, input plane size for 3-D windows, last-axis pad)."""
+    last = axes.shape[1] - 1
+    row_length = axes[AXIS_IN, last]
+    plane = row_length * axes[AXIS_IN, last - 1] if last > 1 else 0
+    return last, row_length, plane, axes[AXIS_PAD_BEGIN, last]
+
+
+@njit(inline="always")
+def _unit_row(unit, unit_begin, nc, positions, starts, axes, block, x, y):
+    """Step to ``unit`` and place its row: (nc, first, end, input offset of the window's
+    leading start, whether the leading axes are inside, output offset of output 0 of the
+    row, so that output o goes to that + o)."""
+    if unit > unit_begin:
+        nc = next_unit(positions, nc, axes, block)
+    first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
+    return (nc, first, end, row_offset + nc * x.shape[1], row_inside,
+            nc * y.shape[1] + row)
+
+
 def fixed_window_kernels(depth, height, width, step):
     """(max units, max driver, sum units, sum driver) for a depth x height x width window
     (depth 1: a 2-D window) with no dilation, and this last-axis step."""
 
     @njit(**OPTIONS)
     def max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block):
-        rank = axes.shape[1]
-        last = rank - 1
-        row_length = axes[AXIS_IN, last]
-        plane = row_length * axes[AXIS_IN, last - 1] if rank > 2 else 0
-        pad = axes[AXIS_PAD_BEGIN, last]
-        starts = np.empty(rank, np.int64)
-        positions = np.empty(rank, np.int64)
+        last, row_length, plane, pad = _fixed_layout(axes)
+        starts = np.empty(last + 1, np.int64)
+        positions = np.empty(last + 1, np.int64)
         source = x.reshape(x.size)
         out = y.reshape(y.size)
         nc = first_unit(unit_begin, axes, block, positions)
         for unit in range(unit_begin, unit_end):
-            if unit > unit_begin:
-                nc = next_unit(positions, nc, axes, block)
-            first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
-            row_offset += nc * x.shape[1]
-            out_first = nc * y.shape[1] + row  # + o: output o's place
+            nc, first, end, row_offset, row_inside, out_first = _unit_row(
+                unit, unit_begin, nc, positions, starts, axes, block, x, y)
             lo = hi = end
             if row_inside:
                 lo, hi = _interior(first, end, axes, width)
@@ -580,23 +594,16 @@ def fixed_window_kernels(depth, height, width, step):
 
     @njit(**OPTIONS)
     def sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts, block):
-        rank = axes.shape[1]
-        last = rank - 1
-        row_length = axes[AXIS_IN, last]
-        plane = row_length * axes[AXIS_IN, last - 1] if rank > 2 else 0
-        pad = axes[AXIS_PAD_BEGIN, last]
+        last, row_length, plane, pad = _fixed_layout(axes)
         zero = as_accumulator(0, x)
-        starts = np.empty(rank, np.int64)
-        positions = np.empty(rank, np.int64)
+        starts = np.empty(last + 1, np.int64)
+        positions = np.empty(last + 1, np.int64)
         source = x.reshape(x.size)
         out = y.reshape(y.size)
         nc = first_unit(unit_begin, axes, block, positions)
         for unit in range(unit_begin, unit_end):
-            if unit > unit_begin:
-                nc = next_unit(positions, nc, axes, block)
-            first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
-            row_offset += nc * x.shape[1]
-            out_first = nc * y.shape[1] + row
+            nc, first, end, row_offset, row_inside, out_first = _unit_row(
+                unit, unit_begin, nc, positions, starts, axes, block, x, y)
             leading = 1
             for axis in range(last):
                 leading *= divisor_counts[axis, positions[axis]]
