@@ -139,14 +139,15 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     # a small call runs on this thread: its split need not depend on the thread count
     threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
     units, chunks, block, slots, geometry = _launch(plan, threads)
-    before = _threads.enter_parallel(threads) if chunks else 0
+    entered = _threads.enter_parallel(threads) if chunks else None
+    parallel = entered is not None
     fixed = None if return_indices else _fixed_window(plan)
     try:
         if fixed is not None:
-            _run_fixed(plan, fixed, rows_in, rows_out, units, block, chunks if before else 0)
-        elif before and plan.op == "MaxPool":
+            _run_fixed(plan, fixed, rows_in, rows_out, units, block, chunks if parallel else 0)
+        elif parallel and plan.op == "MaxPool":
             window.max_pool(rows_in, rows_out, index_rows, *geometry, chunks)
-        elif before:
+        elif parallel:
             window.sum_pool(rows_in, rows_out, *geometry, chunks)
         elif plan.op != "MaxPool":
             window.sum_pool_units(0, units, rows_in, rows_out, *geometry)
@@ -157,8 +158,8 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
         else:
             window.max_pool_units(0, units, rows_in, rows_out, None, None, None, *geometry)
     finally:
-        if before:
-            _threads.leave_parallel(before)
+        if parallel:
+            _threads.leave_parallel(entered)
     return (y, indices) if return_indices else y
 
 
@@ -206,19 +207,19 @@ def run_global(op: str, x: np.ndarray, dtype: np.dtype, out_shape: tuple, p: flo
         bits = _SIGNED_BITS[rows_in.dtype.itemsize]
         maximum = (rows_in, rows_in.view(bits), rows_out, rows_out.view(bits),
                    np.int64(np.iinfo(bits).max), np.int64(_INF_BITS[dtype]))
-    before = _threads.enter_parallel(_threads.get_num_threads())
+    entered = _threads.enter_parallel(_threads.get_num_threads())
     try:
-        if op == "GlobalMaxPool" and before:
+        if op == "GlobalMaxPool" and entered:
             global_.global_max_pool(*maximum)
         elif op == "GlobalMaxPool":
             global_.global_max_units(np.int64(0), channels, *maximum)
-        elif before:
+        elif entered:
             global_.global_sum_pool(rows_in, rows_out, float(p), p_kind)
         else:
             global_.global_sum_units(np.int64(0), channels, rows_in, rows_out, float(p), p_kind)
     finally:
-        if before:
-            _threads.leave_parallel(before)
+        if entered:
+            _threads.leave_parallel(entered)
     return y
 
 

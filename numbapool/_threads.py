@@ -86,23 +86,28 @@ def threading_layer() -> str | None:
         return None
 
 
-def enter_parallel(wanted: int) -> int:
-    """Prepare a parallel kernel call on ``wanted`` threads. Returns 0 when the call must
-    run serially instead, else the caller's numba thread count, for ``leave_parallel``."""
+def enter_parallel(wanted: int):
+    """Prepare a parallel kernel call on ``wanted`` threads. Returns None when the call must
+    run serially instead, else what ``leave_parallel`` needs to undo: the caller's numba
+    thread count and whether this call holds the workqueue lock."""
     if _forked_from_omp or wanted == 1:
-        return 0
-    if _is_workqueue() and not _workqueue_busy.acquire(blocking=False):
-        return 0
+        return None
+    # Before the first parallel region the layer is not chosen yet and may turn out to be
+    # workqueue, so the lock is taken then too.
+    guarded = _is_workqueue() or threading_layer() is None
+    if guarded and not _workqueue_busy.acquire(blocking=False):
+        return None
     before = numba.get_num_threads()
     if before != wanted:
         numba.set_num_threads(wanted)
-    return before
+    return before, guarded
 
 
-def leave_parallel(before: int) -> None:
+def leave_parallel(entered) -> None:
+    before, guarded = entered
     if numba.get_num_threads() != before:
         numba.set_num_threads(before)
-    if _is_workqueue():
+    if guarded:
         _workqueue_busy.release()
 
 

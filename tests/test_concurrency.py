@@ -116,8 +116,12 @@ print(float(y.sum()), int(i.sum()))
 """
 
 
-def test_workqueue_layer_does_not_abort_under_threads():
-    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
+@pytest.mark.parametrize("setting", [
+    {"NUMBA_THREADING_LAYER": "workqueue"},  # asked for by name
+    {"NUMBA_THREADING_LAYER_PRIORITY": "workqueue omp tbb"},  # chosen by default, as where
+])                                                            # neither OpenMP nor TBB exists
+def test_workqueue_layer_does_not_abort_under_threads(setting):
+    env = {**os.environ, **setting}
     result = subprocess.run([sys.executable, "-c", _SCRIPT, "4"], capture_output=True, text=True,
                             env=env, timeout=900)
     assert result.returncode == 0, result.stderr
