@@ -70,9 +70,8 @@ def _launch(plan: WindowPlan, threads: int) -> tuple:
         geometry = (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"],
                     g["tap_outputs"], g["lead_rows"], block, slots)
     else:  # AveragePool is the p_kind 0 of the summing kernel
-        p_kind = 0 if plan.op == "AveragePool" else _p_kind(plan.p)
-        geometry = (plan.p, p_kind, g["axes"], g["taps"], g["tap_offsets"], g["tap_outputs"],
-                    g["lead_rows"], g["divisor_counts"], block, slots)
+        geometry = (plan.p, _p_kind(plan.op, plan.p), g["axes"], g["taps"], g["tap_offsets"],
+                    g["tap_outputs"], g["lead_rows"], g["divisor_counts"], block, slots)
     launch = plan.launches[threads] = (units, chunks, block, slots, geometry)
     return launch
 
@@ -123,8 +122,11 @@ def _rows_shared(plan: WindowPlan) -> bool:
     return plan.strides[-2] < window_extents(plan.kernel_shape, plan.dilations)[-2]
 
 
-def _p_kind(p: float) -> int:
-    """How the kernels raise to the power p: 1 abs, 2 a square, 3 pow()."""
+def _p_kind(op: str, p: float) -> int:
+    """The summing kernels' kind: 0 a mean (AveragePool, GlobalAveragePool), else how they
+    raise to the power p: 1 abs, 2 a square, 3 pow()."""
+    if op in ("AveragePool", "GlobalAveragePool"):
+        return 0
     return {1.0: 1, 2.0: 2}.get(p, 3)
 
 
@@ -201,7 +203,6 @@ def run_global(op: str, x: np.ndarray, dtype: np.dtype, out_shape: tuple, p: flo
         return y
     rows_in = channel_rows(x, dtype)
     rows_out = y.reshape(-1).view(storage_dtype(dtype))
-    p_kind = 0 if op == "GlobalAveragePool" else _p_kind(p)
     channels = np.int64(rows_in.shape[0])
     if op == "GlobalMaxPool":
         bits = _SIGNED_BITS[rows_in.dtype.itemsize]
@@ -214,9 +215,10 @@ def run_global(op: str, x: np.ndarray, dtype: np.dtype, out_shape: tuple, p: flo
         elif op == "GlobalMaxPool":
             global_.global_max_units(np.int64(0), channels, *maximum)
         elif entered:
-            global_.global_sum_pool(rows_in, rows_out, float(p), p_kind)
+            global_.global_sum_pool(rows_in, rows_out, float(p), _p_kind(op, p))
         else:
-            global_.global_sum_units(np.int64(0), channels, rows_in, rows_out, float(p), p_kind)
+            global_.global_sum_units(np.int64(0), channels, rows_in, rows_out, float(p),
+                                     _p_kind(op, p))
     finally:
         if entered:
             _threads.leave_parallel(entered)
@@ -229,8 +231,7 @@ def continue_global_sums(op: str, x: np.ndarray, dtype: np.dtype, totals: np.nda
     order: a global sum split over consecutive slabs, bit for bit (numbapool.dask)."""
     totals = np.array(totals, dtype=np.float64)  # a new array: the caller's stays as it was
     if x.size:
-        p_kind = 0 if op == "GlobalAveragePool" else _p_kind(p)
-        global_.global_sum_continue(channel_rows(x, dtype), totals, float(p), p_kind)
+        global_.global_sum_continue(channel_rows(x, dtype), totals, float(p), _p_kind(op, p))
     return totals
 
 
@@ -238,9 +239,9 @@ def finish_global_sums(op: str, totals: np.ndarray, size: int, dtype: np.dtype, 
                        p: float = 2.0) -> np.ndarray:
     """The result of a global sum over ``size`` elements per channel from its totals."""
     y = np.empty(out_shape, dtype=dtype)
-    p_kind = 0 if op == "GlobalAveragePool" else _p_kind(p)
     global_.global_sum_finish(np.ascontiguousarray(totals, dtype=np.float64), np.uint64(size),
-                              y.reshape(-1).view(storage_dtype(dtype)), float(p), p_kind)
+                              y.reshape(-1).view(storage_dtype(dtype)), float(p),
+                              _p_kind(op, p))
     return y
 
 
