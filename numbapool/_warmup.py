@@ -33,21 +33,37 @@ def _choose(what: str, given, known: dict) -> list:
     return chosen
 
 
+def _windows():
+    """(kernel_shape, strides, pads) reaching every windowed kernel: the rank-generic ones
+    (a padded 3x3 window) and each of window.FIXED_WINDOWS."""
+    from ._kernels import window
+
+    yield [3, 3], [1, 1], [1, 1, 1, 1]
+    for depth, height, width, step in window.FIXED_WINDOWS:
+        kernel = [height, width] if depth == 1 else [depth, height, width]
+        yield kernel, [1] * (len(kernel) - 1) + [step], None
+
+
 def _exercise(op: str, dtype: np.dtype) -> None:
-    """Call ``op`` on a small input and on one big enough for the parallel kernel, which
-    compiles both entry points of each kernel the call can reach."""
+    """Call ``op`` on a small input and on one big enough for the parallel kernel (more
+    than 2**15 output-taps), which compiles both entry points of each kernel it reaches."""
     import numbapool
 
-    for shape in ((1, 1, 4, 4), (1, 2, 64, 64)):
-        x = np.zeros(shape, dtype=dtype)
-        if op == "MaxPool":
-            numbapool.max_pool(x, [3, 3], pads=[1, 1, 1, 1])
-            numbapool.max_pool(x, [3, 3], pads=[1, 1, 1, 1], return_indices=True)
-        elif op == "AveragePool":
-            numbapool.average_pool(x, [3, 3], pads=[1, 1, 1, 1])
-        elif op == "LpPool":
-            numbapool.lp_pool(x, [3, 3], pads=[1, 1, 1, 1])
-        elif op == "GlobalMaxPool":
+    for side in (4, 128):
+        if op in ("MaxPool", "AveragePool", "LpPool"):
+            for kernel, strides, pads in _windows():
+                x = np.zeros((1, 4) + (side,) * len(kernel), dtype=dtype)
+                if op == "MaxPool":
+                    numbapool.max_pool(x, kernel, strides=strides, pads=pads)
+                    numbapool.max_pool(x, kernel, strides=strides, pads=pads,
+                                       return_indices=True)
+                elif op == "AveragePool":
+                    numbapool.average_pool(x, kernel, strides=strides, pads=pads)
+                else:
+                    numbapool.lp_pool(x, kernel, strides=strides, pads=pads)
+            continue
+        x = np.zeros((1, 4, side, side), dtype=dtype)
+        if op == "GlobalMaxPool":
             numbapool.global_max_pool(x)
         elif op == "GlobalAveragePool":
             numbapool.global_average_pool(x)

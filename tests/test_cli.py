@@ -100,3 +100,20 @@ def test_console_script_is_installed():
                             timeout=600)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["numbapool"] == numbapool.__version__
+
+
+def test_warmup_reaches_every_windowed_kernel():
+    # in a fresh process: whatever warmup leaves uncompiled shows as a kernel without a
+    # compiled signature
+    script = ("import numbapool\n"
+              "from numbapool._kernels import window\n"
+              "numbapool.warmup(['MaxPool', 'AveragePool'], ['float32'], progress=False)\n"
+              "kernels = [window.max_pool, window.max_pool_units, window.sum_pool,\n"
+              "           window.sum_pool_units]\n"
+              "for fixed in window.FIXED_WINDOWS.values():\n"
+              "    kernels += list(fixed)\n"
+              "print(sorted(k.py_func.__name__ for k in kernels if not k.signatures))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
