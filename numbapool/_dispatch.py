@@ -145,8 +145,10 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     parallel = entered is not None
     fixed = None if return_indices else _fixed_window(plan)
     try:
-        if fixed is not None:
-            _run_fixed(plan, fixed, rows_in, rows_out, units, block, chunks if parallel else 0)
+        if fixed is not None and parallel:
+            fixed[1](rows_in, rows_out, *fixed[2], block, chunks)
+        elif fixed is not None:
+            fixed[0](0, units, rows_in, rows_out, *fixed[2], block)
         elif parallel and plan.op == "MaxPool":
             window.max_pool(rows_in, rows_out, index_rows, *geometry, chunks)
         elif parallel:
@@ -166,35 +168,30 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
 
 
 def _fixed_window(plan: WindowPlan):
-    """The kernels of window.FIXED_WINDOWS that serve this plan (MaxPool without Indices,
-    AveragePool), or None; kept on the plan."""
+    """(units kernel, parallel driver, their geometry arguments) from window.FIXED_WINDOWS
+    when one serves this plan (MaxPool without Indices, AveragePool), else None; kept on
+    the plan, so that a repeated call does no work here."""
     try:
         return plan.launches["fixed"]
     except KeyError:
         pass
-    key = None
     rank = len(plan.kernel_shape)
+    kernels = None
     if plan.op != "LpPool" and rank in (2, 3) and set(plan.dilations) == {1}:
         key = (1,) * (3 - rank) + plan.kernel_shape + (plan.strides[-1],)
-    fixed = plan.launches["fixed"] = window.FIXED_WINDOWS.get(key)
-    return fixed
-
-
-def _run_fixed(plan, fixed, rows_in, rows_out, units, block, chunks):
-    max_units, max_driver, sum_units, sum_driver = fixed
-    g = plan.geometry
-    if plan.op == "MaxPool":
-        args = (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"], block)
-        if chunks:
-            max_driver(rows_in, rows_out, *args, chunks)
+        kernels = window.FIXED_WINDOWS.get(key)
+    fixed = None
+    if kernels is not None:
+        max_units, max_driver, sum_units, sum_driver = kernels
+        g = plan.geometry
+        if plan.op == "MaxPool":
+            fixed = (max_units, max_driver,
+                     (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]))
         else:
-            max_units(0, units, rows_in, rows_out, *args)
-        return
-    args = (g["axes"], g["taps"], g["tap_offsets"], g["divisor_counts"], block)
-    if chunks:
-        sum_driver(rows_in, rows_out, *args, chunks)
-    else:
-        sum_units(0, units, rows_in, rows_out, *args)
+            fixed = (sum_units, sum_driver,
+                     (g["axes"], g["taps"], g["tap_offsets"], g["divisor_counts"]))
+    plan.launches["fixed"] = fixed
+    return fixed
 
 
 def run_global(op: str, x: np.ndarray, dtype: np.dtype, out_shape: tuple, p: float = 2.0):
