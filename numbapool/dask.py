@@ -118,9 +118,8 @@ def _empty_window_value(plan: _plan.WindowPlan):
     """What a window with no tap inside the input gives (docs/semantics.md)."""
     if plan.op != "MaxPool":
         return np.zeros((), plan.dtype)
-    if plan.dtype.kind in "iu":
-        return np.array(np.iinfo(plan.dtype).min, plan.dtype)
-    return np.array(-np.inf).astype(plan.dtype)
+    storage = _dispatch.storage_dtype(plan.dtype)
+    return np.array(_dispatch.lowest_value(plan.dtype), dtype=storage).view(plan.dtype)
 
 
 def _windowed(op: str, x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
