@@ -149,3 +149,18 @@ def test_import_numbapool_does_not_import_dask():
     script = "import sys, numbapool; print('dask' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", script], capture_output=True,
                           text=True).stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
+def test_windows_that_all_miss_the_input(dtype):
+    # along the first spatial axis every window lies in the padding: the empty-window value
+    import dask
+
+    x = np.ones((1, 1, 1, 4), dtype)
+    attributes = dict(kernel_shape=[1, 1], strides=[5, 1], pads=[3, 0, 3, 0])
+    expected = numbapool.max_pool(x, **attributes)
+    got = dask.compute(nd.max_pool(da.from_array(x, chunks=1), **attributes), scheduler="sync")[0]
+    assert got.tobytes() == expected.tobytes()
+    y, indices = dask.compute(nd.max_pool(da.from_array(x, chunks=1), return_indices=True,
+                                          **attributes), scheduler="sync")[0]
+    assert (indices == -1).all()
