@@ -154,8 +154,9 @@ def lp_pool(x, kernel_shape, *, p=2, strides=None, pads=None, auto_pad="NOTSET",
     Returns
     -------
     Y : ndarray
-        Same dtype as ``x`` (float16, bfloat16, float32 or float64). Only taps inside the
-        input count; an empty window gives 0.
+        Same dtype as ``x`` (float16, bfloat16, float32 or float64); the sum accumulates in
+        float64 and is rounded once. Only taps inside the input count; an empty window
+        gives 0.
 
 {raises}
 

@@ -70,10 +70,19 @@ def _launch(plan: WindowPlan, threads: int) -> tuple:
         geometry = (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"],
                     g["tap_outputs"], g["lead_rows"], block, slots)
     else:  # AveragePool is the p_kind 0 of the summing kernel
-        geometry = (plan.p, _p_kind(plan.op, plan.p), g["axes"], g["taps"], g["tap_offsets"],
-                    g["tap_outputs"], g["lead_rows"], g["divisor_counts"], block, slots)
+        geometry = (plan.p, _p_kind(plan.op, plan.p), _sum_zero(plan), g["axes"], g["taps"],
+                    g["tap_offsets"], g["tap_outputs"], g["lead_rows"], g["divisor_counts"],
+                    block, slots)
     launch = plan.launches[threads] = (units, chunks, block, slots, geometry)
     return launch
+
+
+def _sum_zero(plan: WindowPlan):
+    """The zero of the type a windowed sum accumulates in: float64 for float64 input and for
+    every LpPool (|x| ** p leaves float32's range for moderate p), else float32."""
+    if plan.op == "LpPool" or plan.dtype == np.dtype(np.float64):
+        return np.float64(0)
+    return np.float32(0)
 
 
 def _work_split(plan: WindowPlan, threads: int) -> tuple:

@@ -113,3 +113,15 @@ def test_11_max_unpool():
         numbapool.max_unpool(x, indices, [2, 2], strides=[2, 2], output_shape=(1, 1, 3, 3))
     # a repeated index keeps the later element
     same(numbapool.max_unpool(row(1, 2), np.array([[[0, 0]]]), [1]), [2, 0])
+
+
+def test_lp_pool_accumulates_in_float64():
+    # |x| ** 74 leaves float32's range for |x| > 3.3 and underflows for small |x|; the norm
+    # itself fits: float32 accumulation would give inf and lose the small windows
+    x = np.array([[[3.5, 0.004, -1.25]]], dtype=np.float32)
+    expected = (np.abs(x.astype(np.float64)) ** 74) ** (1 / 74)
+    np.testing.assert_allclose(numbapool.lp_pool(x, [1], p=74), expected.astype(np.float32),
+                               rtol=2e-7)
+    # a p below float32's range is not rounded to 0 (1 / p would divide by zero)
+    tiny = (np.abs(x.astype(np.float64)) ** 1e-140) ** 1e140
+    np.testing.assert_array_equal(numbapool.lp_pool(x, [1], p=1e-140), tiny.astype(np.float32))

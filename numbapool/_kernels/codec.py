@@ -7,8 +7,9 @@ patterns and are decoded element by element inside the loops (never a whole-arra
     bfloat16 -> int16 view, decoded by placing the 16 bits on top of a float32
 
 The two 16-bit formats use different integer types so that numba's type dispatch alone
-picks the decoder. Everything else is loaded as itself. Sums accumulate in float32, or in
-float64 for float64 input, and are rounded once on store.
+picks the decoder. Everything else is loaded as itself. AveragePool sums accumulate in
+float32, or in float64 for float64 input; LpPool and global sums in float64. Results are
+rounded once on store.
 """
 
 import numpy as np
@@ -131,23 +132,30 @@ def _narrow_to_float32_overload(value):
     return lambda value: np.float32(value)
 
 
-def as_accumulator(value, x):
-    """``value`` in the type that sums over elements of array ``x`` accumulate in."""
+def _accumulates_in_float64(like) -> bool:
+    """``like`` is an input array (sums over float64 input accumulate in float64, the rest in
+    float32) or an accumulator value, whose own type decides."""
+    kind = like.dtype if isinstance(like, types.Array) else like
+    return kind == types.float64
+
+
+def as_accumulator(value, like):
+    """``value`` in the accumulator type of ``like`` (see _accumulates_in_float64)."""
 
 
 @overload(as_accumulator, inline="always")
-def _as_accumulator_overload(value, x):
-    if x.dtype == types.float64:
-        return lambda value, x: np.float64(value)
-    return lambda value, x: np.float32(value)
+def _as_accumulator_overload(value, like):
+    if _accumulates_in_float64(like):
+        return lambda value, like: np.float64(value)
+    return lambda value, like: np.float32(value)
 
 
-def accumulator_array(size, x):
-    """An uninitialized array of ``size`` accumulators for sums over elements of ``x``."""
+def accumulator_array(size, like):
+    """An uninitialized array of ``size`` accumulators of the type of ``like``."""
 
 
 @overload(accumulator_array, inline="always")
-def _accumulator_array_overload(size, x):
-    if x.dtype == types.float64:
-        return lambda size, x: np.empty(size, np.float64)
-    return lambda size, x: np.empty(size, np.float32)
+def _accumulator_array_overload(size, like):
+    if _accumulates_in_float64(like):
+        return lambda size, like: np.empty(size, np.float64)
+    return lambda size, like: np.empty(size, np.float32)

@@ -345,25 +345,27 @@ def lp_root(total, p, p_kind):
 
 
 @njit(inline="always")
+def _term(source, index, p, p_kind):
+    """One element's summand, computed in the accumulator type (that of ``p``)."""
+    return lp_term(as_accumulator(decode(source[index]), p), p, p_kind)
+
+
+@njit(inline="always")
 def _sum_run(source, offset, step, totals, begin, count, p, p_kind):
     # one loop per kind, the kind a constant in each: a branch inside the loop would keep it
     # from vectorizing
     if p_kind == 0:
         for j in range(count):
-            totals[begin + np.uint64(j)] += lp_term(
-                decode(source[offset + np.uint64(j) * step]), p, 0)
+            totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 0)
     elif p_kind == 1:
         for j in range(count):
-            totals[begin + np.uint64(j)] += lp_term(
-                decode(source[offset + np.uint64(j) * step]), p, 1)
+            totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 1)
     elif p_kind == 2:
         for j in range(count):
-            totals[begin + np.uint64(j)] += lp_term(
-                decode(source[offset + np.uint64(j) * step]), p, 2)
+            totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 2)
     else:
         for j in range(count):
-            totals[begin + np.uint64(j)] += lp_term(
-                decode(source[offset + np.uint64(j) * step]), p, 3)
+            totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 3)
 
 
 @njit(inline="always")
@@ -391,21 +393,22 @@ def sum_over_last_axis(source, row_start, first, end, step, target, base, zero, 
 
 
 @njit(parallel=True, **OPTIONS)
-def sum_pool(x, y, p, p_kind, axes, taps, tap_offsets, tap_outputs, lead_rows, divisor_counts,
-             block, slots, chunks):
+def sum_pool(x, y, p, p_kind, zero, axes, taps, tap_offsets, tap_outputs, lead_rows,
+             divisor_counts, block, slots, chunks):
     """AveragePool (p_kind 0) and LpPool (p_kind 1, 2, 3) over each window's taps inside the
-    input. AveragePool divides by the product over axes of ``divisor_counts``; a divisor of
-    0 (a window with no tap inside) gives 0."""
+    input, accumulated in the type of ``zero`` (float32 or float64). AveragePool divides by
+    the product over axes of ``divisor_counts``; a divisor of 0 (a window with no tap
+    inside) gives 0."""
     units = unit_count(x.shape[0], axes, block)
     for chunk in prange(chunks):
         unit_begin, unit_end = chunk_units(chunk, chunks, units)
-        sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, axes, taps, tap_offsets,
+        sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_offsets,
                        tap_outputs, lead_rows, divisor_counts, block, slots)
 
 
 @njit(**OPTIONS)
-def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, axes, taps, tap_offsets, tap_outputs,
-                   lead_rows, divisor_counts, block, slots):
+def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_offsets,
+                   tap_outputs, lead_rows, divisor_counts, block, slots):
     """A window's sum is the sum over its rows, in order, of each row's sum along the last
     axis; each input row's sums are computed once, cached, and serve the next output rows,
     whose windows share input rows."""
@@ -416,11 +419,10 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, axes, taps, tap_offset
     in_last = axes[AXIS_IN, last]
     k_last = taps[taps.shape[0] - 1, last] + 1
     lead_count = taps.shape[0] // k_last
-    p_acc = as_accumulator(p, x)
-    zero = as_accumulator(0, x)
+    p_acc = as_accumulator(p, zero)
     starts = np.empty(rank, np.int64)
-    totals = accumulator_array(block, x)
-    rows = accumulator_array(slots * block, x)
+    totals = accumulator_array(block, zero)
+    rows = accumulator_array(slots * block, zero)
     keys = np.full(slots, -1, np.int64)
     # flat views, made once: a view per row costs reference counting in the hot loop
     source = x.reshape(x.size)
@@ -460,7 +462,7 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, axes, taps, tap_offset
                 leading *= divisor_counts[axis, positions[axis]]
             for j in range(end - first):
                 divisor = leading * divisor_counts[np.uint64(last), np.uint64(first + j)]
-                mean = totals[j] / as_accumulator(max(divisor, 1), x)
+                mean = totals[j] / as_accumulator(max(divisor, 1), zero)
                 out[out_begin + np.uint64(j)] = encode(mean if divisor > 0 else zero, y)
         elif p_kind == 2:  # the common norm gets a loop with its kind a constant
             for j in range(end - first):
