@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -125,3 +128,61 @@ def test_lp_pool_accumulates_in_float64():
     # a p below float32's range is not rounded to 0 (1 / p would divide by zero)
     tiny = (np.abs(x.astype(np.float64)) ** 1e-140) ** 1e140
     np.testing.assert_array_equal(numbapool.lp_pool(x, [1], p=1e-140), tiny.astype(np.float32))
+
+
+def _round_once(values, dtype):
+    """float64 -> dtype, rounded once to nearest, ties to even (numpy's casts to bfloat16 go
+    through float32, which rounds twice): the nearest of the cast's result and its
+    neighbours, compared exactly."""
+    dtype = np.dtype(dtype)
+    if dtype != np.dtype(ml_dtypes.bfloat16):
+        return values.astype(dtype)
+    out = values.astype(dtype)
+    bits = out.view(np.uint16)
+    for i, value in enumerate(values):
+        if not np.isfinite(value):
+            continue
+        candidates = [np.array([int(bits[i]) + step], np.uint16).view(dtype)[0]
+                      for step in (-1, 0, 1) if 0 <= int(bits[i]) + step <= 0xFFFF]
+        candidates = [c for c in candidates if np.isfinite(np.float64(c))]
+        error = [abs(Fraction(float(c)) - Fraction(float(value))) for c in candidates]
+        best = min(error)
+        ties = [c for c, e in zip(candidates, error) if e == best]
+        out[i] = min(ties, key=lambda c: int(np.array([c], dtype).view(np.uint16)[0]) & 1)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, np.float64])
+def test_global_sums_equal_the_in_order_sum(dtype):
+    # Channels where the order of a float64 sum changes the rounded result: 2**60 + 1 - 2**60
+    # is 0 in order; large terms that cancel; means within a few float64 steps of halfway
+    # between two results; zeros of both signs; infinities and NaN.
+    rng = np.random.default_rng(7)
+    huge = 2.0 ** 60 if dtype != np.float16 else 2.0 ** 15
+    channels = [[huge, 1.0, -huge, 2.0 ** -24], [1.0, -huge, huge, 2.0 ** -24],
+                [-0.0, -0.0, -0.0, -0.0], [0.0, -0.0, 0.0, -0.0], [np.inf, 1.0, 2.0, 3.0],
+                [np.inf, -np.inf, 1.0, 2.0], [np.nan, 1.0, 2.0, 3.0]]
+    for _ in range(300):
+        scale = 2.0 ** rng.integers(-30, 30 if dtype != np.float16 else 4)
+        channels.append(list(rng.choice([-1.0, 1.0], 4) * scale * rng.integers(1, 2 ** 11, 4)))
+        base = rng.standard_normal(3)
+        channels.append([*base, -base.sum() + rng.choice([0.0, 2.0 ** -40, -2.0 ** -50])])
+    x = np.array(channels, np.float64).astype(dtype).reshape(1, len(channels), 2, 2)
+    wide = x.astype(np.float64).reshape(len(channels), 4)
+    for op, term, finish in [
+            ("average", lambda v: v, lambda total: total / 4),
+            ("p=1", abs, lambda total: total), ("p=2", lambda v: v * v, np.sqrt),
+            ("p=3", lambda v: abs(v) ** 3, lambda total: total ** (1 / 3))]:
+        expected = []
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, rounding past float16
+            for values in wide:
+                total = 0.0
+                for value in values:  # in order, in float64
+                    total += term(value)
+                expected.append(finish(total))
+            expected = _round_once(np.array(expected), dtype)
+        if op == "average":
+            got = numbapool.global_average_pool(x)
+        else:
+            got = numbapool.global_lp_pool(x, p=int(op[-1]))
+        assert got.reshape(-1).tobytes() == expected.tobytes(), op

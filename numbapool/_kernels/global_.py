@@ -1,8 +1,12 @@
 """Global pools: one value per (n, c) over all spatial elements, ``x`` as (N*C, S).
 
 Sums accumulate in float64 whatever the dtype: a channel may hold millions of elements.
-Channels are scanned GROUP at a time, element i of each in step, so that the independent
-scans vectorize while each channel is still read in order.
+A channel's result is that of adding its terms in order. Where the result is rounded to a
+narrower dtype, the terms are first added in whatever order vectorizes, with a bound on how
+far that sum can lie from the in-order one; when every sum within the bound rounds to the
+same result, that result is the in-order one, and only the other channels are summed again
+in order. Otherwise channels are scanned GROUP at a time, element i of each in step, so that
+the independent in-order scans vectorize.
 """
 
 import numpy as np
@@ -16,6 +20,8 @@ from .window import OPTIONS, keeps, lp_root, lp_term
 CHUNKS = 64
 # Channels summed side by side.
 GROUP = 16
+# 2**-53, the unit roundoff of float64
+EPSILON = np.finfo(np.float64).eps / 2
 
 
 @njit(parallel=True, **OPTIONS)
@@ -91,9 +97,70 @@ def _finish(total, size, p, p_kind, y):
     return encode(lp_root(total, p, p_kind), y)
 
 
+# Not inlined: numba would compile the inlined loop with its caller's strict float flags.
+@njit(fastmath={"reassoc"}, **OPTIONS)
+def reordered_sums(flat, base, size, p, p_kind):
+    """(the sum of a channel's terms, the sum of their magnitudes), each added in whatever
+    order the compiler picks, which vectorizes."""
+    total = 0.0
+    magnitudes = 0.0
+    for i in range(size):
+        term = lp_term(np.float64(decode(flat[base + np.uint64(i)])), p, p_kind)
+        total += term
+        magnitudes += abs(term)
+    return total, magnitudes
+
+
+@njit(inline="always")
+def in_order_sum(flat, base, size, p, p_kind):
+    total = 0.0
+    for i in range(size):
+        total += lp_term(np.float64(decode(flat[base + np.uint64(i)])), p, p_kind)
+    return total
+
+
+@njit(inline="always")
+def reordered_channel(flat, base, size, p, p_kind, y, nc):
+    """Store channel nc's result from its reordered sum if that is provably the in-order
+    result: two float64 sums of the same n terms in different orders differ by at most
+    2 (n - 1) 2**-53 times the sum of the terms' magnitudes, and the division (or square
+    root) and the rounding to y's dtype never reverse an order. So if both ends of that
+    interval give one result, the in-order sum gives it too. Returns whether it stored."""
+    total, magnitudes = reordered_sums(flat, base, size, p, p_kind)
+    # 4 n 2**-53: twice the bound, so that rounding in the ends themselves is covered
+    slack = 4.0 * np.float64(size) * EPSILON * magnitudes
+    low = _finish(total - slack, size, p, p_kind, y)
+    high = _finish(total + slack, size, p, p_kind, y)
+    # a zero compares equal to the other zero, and NaN to nothing: both are left to the scan
+    if low == high and (low != 0 or magnitudes == 0):
+        y[nc] = low
+        return True
+    return False
+
+
+@njit(**OPTIONS)
+def reordered_units(begin, end, x, y, p, p_kind):
+    """Channels [begin, end) from reordered sums where they give the in-order result,
+    else from in-order sums. Called with ``p_kind`` a literal: a loop of its own per kind."""
+    flat = x.reshape(x.size)
+    size = np.uint64(x.shape[1])
+    for nc in range(begin, end):
+        base = np.uint64(nc) * size
+        if not reordered_channel(flat, base, size, p, p_kind, y, nc):
+            y[nc] = _finish(in_order_sum(flat, base, size, p, p_kind), size, p, p_kind, y)
+
+
 @njit(**OPTIONS)
 def global_sum_units(begin, end, x, y, p, p_kind):
-    """Channels go GROUP at a time, element i of each in step, each summed in order."""
+    """Each channel's terms added in order, or a result proved equal to that (see the
+    module's docstring); otherwise channels go GROUP at a time, element i of each in step."""
+    if y.itemsize < 8:  # float64 results would need the exact sum: no gain
+        if p_kind == 0:
+            return reordered_units(begin, end, x, y, p, 0)
+        if p_kind == 1:
+            return reordered_units(begin, end, x, y, p, 1)
+        if p_kind == 2:
+            return reordered_units(begin, end, x, y, p, 2)
     flat = x.reshape(x.size)
     size = np.uint64(x.shape[1])
     totals = np.empty(GROUP, np.float64)
@@ -114,10 +181,7 @@ def global_sum_units(begin, end, x, y, p, p_kind):
                 _group_sums(flat, base, size, totals, p, 3)
         else:
             for c in range(count):
-                for i in range(size):
-                    totals[c] += lp_term(
-                        np.float64(decode(flat[base + np.uint64(c) * size + np.uint64(i)])),
-                        p, p_kind)
+                totals[c] = in_order_sum(flat, base + np.uint64(c) * size, size, p, p_kind)
         for c in range(count):
             y[first + c] = _finish(totals[c], size, p, p_kind, y)
 
