@@ -42,11 +42,15 @@ def channel_rows(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     A view when the input is already C-ordered and native; otherwise one copy, which
     leaves the caller's array untouched.
     """
-    if not (array.flags.c_contiguous and array.dtype == dtype):
-        array = np.ascontiguousarray(array, dtype=dtype)
-    rows = array.reshape(array.shape[0] * array.shape[1], -1)
-    storage = storage_dtype(dtype)
-    return rows if storage == dtype else rows.view(storage)
+    # ascontiguousarray returns the array itself when it is already C-ordered and of dtype
+    rows = np.ascontiguousarray(array, dtype=dtype).reshape(array.shape[0] * array.shape[1], -1)
+    return as_storage(rows, dtype)
+
+
+def as_storage(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """An array of ``dtype`` as numba receives it: a view of its bits for 16-bit floats."""
+    storage = _STORAGE.get(dtype)
+    return array if storage is None else array.view(storage)
 
 
 def lowest_value(dtype: np.dtype):
@@ -146,7 +150,7 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
         return (y, indices) if return_indices else y
     rows_in = channel_rows(x, plan.dtype)
     index_rows = indices.reshape(rows_in.shape[0], -1) if return_indices else None
-    rows_out = y.reshape(rows_in.shape[0], -1).view(rows_in.dtype)
+    rows_out = as_storage(y.reshape(rows_in.shape[0], -1), plan.dtype)
     # a small call runs on this thread: its split need not depend on the thread count
     threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
     units, chunks, block, slots, geometry = _launch(plan, threads)
