@@ -212,7 +212,7 @@ def run_global(op: str, x: np.ndarray, dtype: np.dtype, out_shape: tuple, p: flo
     if y.size == 0:
         return y
     rows_in = channel_rows(x, dtype)
-    rows_out = y.reshape(-1).view(storage_dtype(dtype))
+    rows_out = as_storage(y.reshape(-1), dtype)
     channels = np.int64(rows_in.shape[0])
     if op == "GlobalMaxPool":
         bits = _SIGNED_BITS[rows_in.dtype.itemsize]
@@ -250,7 +250,7 @@ def finish_global_sums(op: str, totals: np.ndarray, size: int, dtype: np.dtype, 
     """The result of a global sum over ``size`` elements per channel from its totals."""
     y = np.empty(out_shape, dtype=dtype)
     global_.global_sum_finish(np.ascontiguousarray(totals, dtype=np.float64), np.uint64(size),
-                              y.reshape(-1).view(storage_dtype(dtype)), float(p),
+                              as_storage(y.reshape(-1), dtype), float(p),
                               _p_kind(op, p))
     return y
 
@@ -259,10 +259,9 @@ def run_unpool(plan: UnpoolPlan, x: np.ndarray, indices: np.ndarray):
     y = np.zeros(plan.out_shape, dtype=plan.dtype)
     if x.size == 0:
         return y
-    storage = storage_dtype(plan.dtype)
-    flat_x = np.ascontiguousarray(x, dtype=plan.dtype).reshape(-1).view(storage)
+    flat_x = as_storage(np.ascontiguousarray(x, dtype=plan.dtype).reshape(-1), plan.dtype)
     flat_indices = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
-    rows_out = y.reshape(plan.out_shape[0] * plan.out_shape[1], -1).view(storage)
+    rows_out = as_storage(y.reshape(plan.out_shape[0] * plan.out_shape[1], -1), plan.dtype)
     g = plan.geometry
     unpool.max_unpool(flat_x, flat_indices, rows_out, g["default_spatial"], g["out_strides"])
     return y
