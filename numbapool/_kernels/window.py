@@ -542,6 +542,16 @@ def _fixed_layout(axes):
 
 
 @njit(inline="always")
+def _first_unit_row(unit_begin, axes, block, x, y):
+    """A run's scratch and first unit: (window starts, unit positions, flat input, flat
+    output, nc of ``unit_begin``); ``_unit_row`` then steps from unit to unit."""
+    starts = np.empty(axes.shape[1], np.int64)
+    positions = np.empty(axes.shape[1], np.int64)
+    nc = first_unit(unit_begin, axes, block, positions)
+    return starts, positions, x.reshape(x.size), y.reshape(y.size), nc
+
+
+@njit(inline="always")
 def _unit_row(unit, unit_begin, nc, positions, starts, axes, block, x, y):
     """Step to ``unit`` and place its row: (nc, first, end, input offset of the window's
     leading start, whether the leading axes are inside, output offset of output 0 of the
@@ -560,11 +570,7 @@ def fixed_window_kernels(depth, height, width, step):
     @njit(**OPTIONS)
     def max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block):
         last, row_length, plane, pad = _fixed_layout(axes)
-        starts = np.empty(last + 1, np.int64)
-        positions = np.empty(last + 1, np.int64)
-        source = x.reshape(x.size)
-        out = y.reshape(y.size)
-        nc = first_unit(unit_begin, axes, block, positions)
+        starts, positions, source, out, nc = _first_unit_row(unit_begin, axes, block, x, y)
         for unit in range(unit_begin, unit_end):
             nc, first, end, row_offset, row_inside, out_first = _unit_row(
                 unit, unit_begin, nc, positions, starts, axes, block, x, y)
@@ -598,11 +604,7 @@ def fixed_window_kernels(depth, height, width, step):
     def sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts, block):
         last, row_length, plane, pad = _fixed_layout(axes)
         zero = as_accumulator(0, x)
-        starts = np.empty(last + 1, np.int64)
-        positions = np.empty(last + 1, np.int64)
-        source = x.reshape(x.size)
-        out = y.reshape(y.size)
-        nc = first_unit(unit_begin, axes, block, positions)
+        starts, positions, source, out, nc = _first_unit_row(unit_begin, axes, block, x, y)
         for unit in range(unit_begin, unit_end):
             nc, first, end, row_offset, row_inside, out_first = _unit_row(
                 unit, unit_begin, nc, positions, starts, axes, block, x, y)
