@@ -156,12 +156,12 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     units, chunks, block, slots, geometry = _launch(plan, threads)
     entered = _threads.enter_parallel(threads) if chunks else None
     parallel = entered is not None
-    fixed = None if return_indices else _fixed_window(plan)
+    special = None if return_indices else _specialized(plan)
     try:
-        if fixed is not None and parallel:
-            fixed[1](rows_in, rows_out, *fixed[2], block, chunks)
-        elif fixed is not None:
-            fixed[0](0, units, rows_in, rows_out, *fixed[2], block)
+        if special is not None and parallel:
+            special[1](rows_in, rows_out, *special[2], block, chunks)
+        elif special is not None:
+            special[0](0, units, rows_in, rows_out, *special[2], block)
         elif parallel and plan.op == "MaxPool":
             window.max_pool(rows_in, rows_out, index_rows, *geometry, chunks)
         elif parallel:
@@ -180,31 +180,39 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     return (y, indices) if return_indices else y
 
 
-def _fixed_window(plan: WindowPlan):
-    """(units kernel, parallel driver, their geometry arguments) from window.FIXED_WINDOWS
-    when one serves this plan (MaxPool without Indices, AveragePool), else None; kept on
-    the plan, so that a repeated call does no work here."""
+def _specialized(plan: WindowPlan):
+    """(units kernel, parallel driver, their geometry arguments) for a call without Indices
+    that a specialized kernel serves, else None; kept on the plan, so that a repeated call
+    does no work here. Measured faster than the rank-generic kernels (docs/performance.md):
+    a window in window.FIXED_WINDOWS (MaxPool, AveragePool), else, for MaxPool over two or
+    more spatial axes, the input-rows-first window.max_pool_columns."""
     try:
-        return plan.launches["fixed"]
+        return plan.launches["special"]
     except KeyError:
         pass
     rank = len(plan.kernel_shape)
+    g = plan.geometry
     kernels = None
     if plan.op != "LpPool" and rank in (2, 3) and set(plan.dilations) == {1}:
         key = (1,) * (3 - rank) + plan.kernel_shape + (plan.strides[-1],)
         kernels = window.FIXED_WINDOWS.get(key)
-    fixed = None
+    special = None
     if kernels is not None:
         max_units, max_driver, sum_units, sum_driver = kernels
-        g = plan.geometry
         if plan.op == "MaxPool":
-            fixed = (max_units, max_driver,
-                     (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]))
+            special = (max_units, max_driver,
+                       (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]))
         else:
-            fixed = (sum_units, sum_driver,
-                     (g["axes"], g["taps"], g["tap_offsets"], g["divisor_counts"]))
-    plan.launches["fixed"] = fixed
-    return fixed
+            special = (sum_units, sum_driver,
+                       (g["axes"], g["taps"], g["tap_offsets"], g["divisor_counts"]))
+    elif plan.op == "MaxPool" and rank >= 2:
+        # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
+        check_ties = plan.dtype.kind not in "iu"
+        special = (window.max_pool_columns_units, window.max_pool_columns,
+                   (lowest_value(plan.dtype), check_ties, g["axes"], g["taps"],
+                    g["tap_offsets"]))
+    plan.launches["special"] = special
+    return special
 
 
 def run_global(op: str, x: np.ndarray, dtype: np.dtype, out_shape: tuple, p: float = 2.0):

@@ -240,6 +240,7 @@ def test_fixed_window_kernels(data):
     from unittest import mock
 
     from numbapool import _dispatch
+    from numbapool._kernels import window
 
     x = data.draw(inputs(FLOATS + INTS))
     assume(x.ndim in (4, 5))
@@ -257,11 +258,55 @@ def test_fixed_window_kernels(data):
     if expected is None:
         return
     got = function(x, **attrs)
-    assert _dispatch._fixed_window(numbapool.plan(op, x.shape, x.dtype, **attrs)) is not None
-    with mock.patch.object(_dispatch, "_fixed_window", lambda plan: None):
+    special = _dispatch._specialized(numbapool.plan(op, x.shape, x.dtype, **attrs))
+    assert special is not None and special[0] in window.FIXED_WINDOWS[(1, 2, 2, 2)]
+    with mock.patch.object(_dispatch, "_specialized", lambda plan: None):
         generic = function(x, **attrs)
     assert got.tobytes() == generic.tobytes()
     if average:
         _check_float(got, expected, x.dtype)
     else:
         np.testing.assert_array_equal(got.view(np.uint8), expected[0].view(np.uint8))
+
+
+# Bit patterns per float dtype: +0, -0, two different NaNs, -1, 1, -inf. Which zero and which
+# NaN a window gives depends on the order its taps are scanned in.
+_TIE_BITS = {
+    np.dtype(np.float16): (np.uint16, [0, 0x8000, 0x7E00, 0xFE01, 0xBC00, 0x3C00, 0xFC00]),
+    np.dtype(ml_dtypes.bfloat16): (np.uint16, [0, 0x8000, 0x7FC0, 0xFFC1, 0xBF80, 0x3F80,
+                                               0xFF80]),
+    np.dtype(np.float32): (np.uint32, [0, 0x80000000, 0x7FC00000, 0xFFC00001, 0xBF800000,
+                                       0x3F800000, 0xFF800000]),
+    np.dtype(np.float64): (np.uint64, [0, 1 << 63, 0x7FF8000000000000, 0xFFF8000000000001,
+                                       0xBFF0000000000000, 0x3FF0000000000000,
+                                       0xFFF0000000000000]),
+}
+
+
+@SETTINGS
+@given(st.data())
+def test_max_pool_columns_kernel(data):
+    """MaxPool without Indices over two or more spatial axes runs input rows first
+    (window.max_pool_columns), a column-major scan of each window; where that scan's zero or
+    NaN differs from the row-major one, the row-major one must be what comes out, bit for
+    bit."""
+    from numbapool import _dispatch
+    from numbapool._kernels import window
+
+    dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
+    rank = data.draw(st.integers(2, 4))
+    max_side = {2: 7, 3: 5, 4: 3}[rank]
+    shape = (data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)),
+             *data.draw(st.lists(st.integers(1, max_side), min_size=rank, max_size=rank)))
+    bits_type, patterns = _TIE_BITS[dtype]
+    codes = data.draw(st.lists(st.integers(0, len(patterns) - 1), min_size=math.prod(shape),
+                               max_size=math.prod(shape)))
+    x = np.array(patterns, dtype=bits_type)[codes].view(dtype).reshape(shape)
+    attrs = data.draw(window_attributes(rank))
+    expected = _expected_or_same_error("MaxPool", numbapool.max_pool, x, attrs)
+    if expected is None:
+        return
+    special = _dispatch._specialized(numbapool.plan("MaxPool", x.shape, x.dtype, **attrs))
+    assume(special is not None and special[1] is window.max_pool_columns)
+    got = numbapool.max_pool(x, **attrs)
+    assert got.tobytes() == expected[0].tobytes()

@@ -494,7 +494,7 @@ def _border_max(o, row_offset, row_inside, starts, lowest, source, axes, taps, t
     at = o * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
     best = lowest
     for tap in range(taps.shape[0]):
-        position = at + taps[tap, last]
+        position = at + taps[tap, last] * axes[AXIS_DILATION, last]
         if position < 0 or position >= axes[AXIS_IN, last]:
             continue
         if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
@@ -515,7 +515,7 @@ def _border_sum(o, row_offset, row_inside, starts, zero, source, axes, taps, tap
             continue
         row_sum = zero
         for tap in range(lead * k_last, (lead + 1) * k_last):
-            position = at + taps[tap, last]
+            position = at + taps[tap, last] * axes[AXIS_DILATION, last]
             if 0 <= position < axes[AXIS_IN, last]:
                 row_sum += decode(source[np.uint64(row_offset + at + tap_offsets[tap])])
         total += row_sum
@@ -651,3 +651,90 @@ def fixed_window_kernels(depth, height, width, step):
 # stride-2 window, for every dtype, 2 to 4 times. At 3x3 the generic kernels' reuse of
 # input-row results wins for float64 and uint8 and for stride 1, and 3x3x3 loses outright.
 FIXED_WINDOWS = {key: fixed_window_kernels(*key) for key in [(1, 2, 2, 2)]}
+
+
+# --------------------------------------------------------------------------- MaxPool, input rows first
+
+
+@njit(**OPTIONS)
+def max_pool_columns_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps,
+                           tap_offsets, block):
+    """MaxPool without Indices, input rows first: the window's input rows are folded
+    element by element into one row of column maxima (contiguous loads, which vectorize),
+    then the last-axis taps are taken once per output row from that row.
+
+    That scans a window column by column instead of row by row. The maximum's value is
+    the same either way, and so are its bits unless it is a zero (+0 and -0 compare equal)
+    or a NaN (which NaN comes first depends on the order): with ``check_ties`` (float
+    dtypes) those outputs are taken again in row-major order, so every result is the one
+    docs/semantics.md states. Positions in the padding hold ``lowest``, which never wins
+    against an input element of another value.
+    """
+    last = axes.shape[1] - 1
+    step = np.uint64(axes[AXIS_STRIDE, last])
+    dilation = axes[AXIS_DILATION, last]
+    pad = axes[AXIS_PAD_BEGIN, last]
+    in_last = axes[AXIS_IN, last]
+    k_last = taps[taps.shape[0] - 1, last] + 1
+    lead_count = taps.shape[0] // k_last
+    columns = np.empty((block - 1) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last], x.dtype)
+    best = np.empty(block, x.dtype)
+    starts, positions, source, out, nc = _first_unit_row(unit_begin, axes, block, x, y)
+    for unit in range(unit_begin, unit_end):
+        nc, first, end, row_offset, row_inside, out_first = _unit_row(
+            unit, unit_begin, nc, positions, starts, axes, block, x, y)
+        span_start = first * axes[AXIS_STRIDE, last] - pad  # input position of columns[0]
+        span = (end - 1 - first) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last]
+        lo = min(span, max(0, -span_start))  # columns[lo:hi] lie inside the input
+        hi = max(lo, min(span, in_last - span_start))
+        filled = False
+        for lead in range(lead_count):
+            tap = lead * k_last
+            if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
+                continue
+            at = np.uint64(row_offset + tap_offsets[tap] + span_start + lo)
+            inside = np.uint64(lo)
+            if filled:
+                for i in range(hi - lo):
+                    kept = columns[inside + np.uint64(i)]
+                    value = source[at + np.uint64(i)]
+                    columns[inside + np.uint64(i)] = (
+                        kept if keeps(decode(kept), decode(value)) else value)
+            else:
+                for i in range(hi - lo):
+                    columns[inside + np.uint64(i)] = source[at + np.uint64(i)]
+                filled = True
+        if not filled:
+            lo = hi = 0
+        for i in range(lo):
+            columns[np.uint64(i)] = lowest
+        for i in range(hi, span):
+            columns[np.uint64(i)] = lowest
+        count = end - first
+        start_maxima(best, None, np.uint64(0), count, lowest)
+        for kw in range(k_last):
+            max_run(columns, np.uint64(kw * dilation), step, best, None, 0, np.uint64(0), count)
+        out_begin = np.uint64(out_first + first)
+        for j in range(count):
+            out[out_begin + np.uint64(j)] = best[np.uint64(j)]
+        if check_ties:
+            suspect = False
+            for j in range(count):
+                value = decode(best[np.uint64(j)])
+                suspect |= (value == 0) | (value != value)
+            if suspect:
+                for j in range(count):
+                    value = decode(best[j])
+                    if value == 0 or value != value:
+                        out[np.uint64(out_first + first + j)] = _border_max(
+                            first + j, row_offset, row_inside, starts, lowest, source, axes,
+                            taps, tap_offsets)
+
+
+@njit(parallel=True, **OPTIONS)
+def max_pool_columns(x, y, lowest, check_ties, axes, taps, tap_offsets, block, chunks):
+    units = unit_count(x.shape[0], axes, block)
+    for chunk in prange(chunks):
+        unit_begin, unit_end = chunk_units(chunk, chunks, units)
+        max_pool_columns_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps,
+                               tap_offsets, block)
