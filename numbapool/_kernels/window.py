@@ -656,6 +656,20 @@ FIXED_WINDOWS = {key: fixed_window_kernels(*key) for key in [(1, 2, 2, 2)]}
 # --------------------------------------------------------------------------- MaxPool, input rows first
 
 
+@njit(inline="always")
+def _column_windows(columns, best, count, width, step):
+    """best[j] = the maximum of columns[j * step:j * step + width], for a common width and
+    step, both constants: a window's taps in one loop body load as whole vectors (the
+    taps-outer loops gather at step 2). The order of the taps differs from the row-major
+    scan, which matters for zeros and NaNs only: those outputs are retaken anyway."""
+    for j in range(count):
+        at = np.uint64(j) * step
+        value = columns[at]
+        for tap in range(1, width):
+            value = _fold_max(value, columns[at + np.uint64(tap)])
+        best[np.uint64(j)] = value
+
+
 @njit(**OPTIONS)
 def max_pool_columns_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps,
                            tap_offsets, block):
@@ -711,9 +725,17 @@ def max_pool_columns_units(unit_begin, unit_end, x, y, lowest, check_ties, axes,
         for i in range(hi, span):
             columns[np.uint64(i)] = lowest
         count = end - first
-        start_maxima(best, None, np.uint64(0), count, lowest)
-        for kw in range(k_last):
-            max_run(columns, np.uint64(kw * dilation), step, best, None, 0, np.uint64(0), count)
+        if dilation == 1 and k_last == 3 and step == 2:
+            _column_windows(columns, best, count, 3, np.uint64(2))
+        elif dilation == 1 and k_last == 3 and step == 1:
+            _column_windows(columns, best, count, 3, np.uint64(1))
+        elif dilation == 1 and k_last == 2 and step == 2:
+            _column_windows(columns, best, count, 2, np.uint64(2))
+        else:
+            start_maxima(best, None, np.uint64(0), count, lowest)
+            for kw in range(k_last):
+                max_run(columns, np.uint64(kw * dilation), step, best, None, 0, np.uint64(0),
+                        count)
         out_begin = np.uint64(out_first + first)
         for j in range(count):
             out[out_begin + np.uint64(j)] = best[np.uint64(j)]
