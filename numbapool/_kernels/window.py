@@ -657,8 +657,33 @@ FIXED_WINDOWS = {key: fixed_window_kernels(*key) for key in [(1, 2, 2, 2)]}
 
 
 @njit(inline="always")
-def _column_windows(columns, best, count, width, step):
-    """best[j] = the maximum of columns[j * step:j * step + width], for a common width and
+def _fold_column_rows(columns, lo, hi, source, row_starts, rows):
+    """columns[lo:hi] = the element-wise maximum of ``rows`` input rows (at least one),
+    columns[lo] coming from source[row_starts[r]]. Three rows per pass over the columns:
+    the first pass takes 1 to 3 rows (a row taken twice changes nothing), so that the
+    rest go in threes."""
+    base = np.uint64(lo)
+    take = (rows - 1) % 3 + 1
+    at0 = np.uint64(row_starts[0])
+    at1 = np.uint64(row_starts[min(1, take - 1)])
+    at2 = np.uint64(row_starts[take - 1])
+    for i in range(hi - lo):
+        k = np.uint64(i)
+        columns[base + k] = _fold_max(_fold_max(source[at0 + k], source[at1 + k]),
+                                      source[at2 + k])
+    for r in range(take, rows, 3):
+        at0 = np.uint64(row_starts[r])
+        at1 = np.uint64(row_starts[r + 1])
+        at2 = np.uint64(row_starts[r + 2])
+        for i in range(hi - lo):
+            k = np.uint64(i)
+            columns[base + k] = _fold_max(_fold_max(_fold_max(
+                columns[base + k], source[at0 + k]), source[at1 + k]), source[at2 + k])
+
+
+@njit(inline="always")
+def _column_windows(columns, target, base, count, width, step):
+    """target[base + j] = the maximum of columns[j * step:j * step + width], for a common width and
     step, both constants: a window's taps in one loop body load as whole vectors (the
     taps-outer loops gather at step 2). The order of the taps differs from the row-major
     scan, which matters for zeros and NaNs only: those outputs are retaken anyway."""
@@ -667,7 +692,7 @@ def _column_windows(columns, best, count, width, step):
         value = columns[at]
         for tap in range(1, width):
             value = _fold_max(value, columns[at + np.uint64(tap)])
-        best[np.uint64(j)] = value
+        target[base + np.uint64(j)] = value
 
 
 @njit(**OPTIONS)
@@ -692,7 +717,7 @@ def max_pool_columns_units(unit_begin, unit_end, x, y, lowest, check_ties, axes,
     k_last = taps[taps.shape[0] - 1, last] + 1
     lead_count = taps.shape[0] // k_last
     columns = np.empty((block - 1) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last], x.dtype)
-    best = np.empty(block, x.dtype)
+    row_starts = np.empty(lead_count, np.int64)
     starts, positions, source, out, nc = _first_unit_row(unit_begin, axes, block, x, y)
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = _unit_row(
@@ -701,52 +726,40 @@ def max_pool_columns_units(unit_begin, unit_end, x, y, lowest, check_ties, axes,
         span = (end - 1 - first) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last]
         lo = min(span, max(0, -span_start))  # columns[lo:hi] lie inside the input
         hi = max(lo, min(span, in_last - span_start))
-        filled = False
+        inside_rows = 0
         for lead in range(lead_count):
             tap = lead * k_last
-            if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
-                continue
-            at = np.uint64(row_offset + tap_offsets[tap] + span_start + lo)
-            inside = np.uint64(lo)
-            if filled:
-                for i in range(hi - lo):
-                    kept = columns[inside + np.uint64(i)]
-                    value = source[at + np.uint64(i)]
-                    columns[inside + np.uint64(i)] = (
-                        kept if keeps(decode(kept), decode(value)) else value)
-            else:
-                for i in range(hi - lo):
-                    columns[inside + np.uint64(i)] = source[at + np.uint64(i)]
-                filled = True
-        if not filled:
+            if row_inside or tap_is_inside(tap, taps, starts, axes, last):
+                row_starts[inside_rows] = row_offset + tap_offsets[tap] + span_start + lo
+                inside_rows += 1
+        if inside_rows == 0:
             lo = hi = 0
+        else:
+            _fold_column_rows(columns, lo, hi, source, row_starts, inside_rows)
         for i in range(lo):
             columns[np.uint64(i)] = lowest
         for i in range(hi, span):
             columns[np.uint64(i)] = lowest
         count = end - first
-        if dilation == 1 and k_last == 3 and step == 2:
-            _column_windows(columns, best, count, 3, np.uint64(2))
-        elif dilation == 1 and k_last == 3 and step == 1:
-            _column_windows(columns, best, count, 3, np.uint64(1))
-        elif dilation == 1 and k_last == 2 and step == 2:
-            _column_windows(columns, best, count, 2, np.uint64(2))
-        else:
-            start_maxima(best, None, np.uint64(0), count, lowest)
-            for kw in range(k_last):
-                max_run(columns, np.uint64(kw * dilation), step, best, None, 0, np.uint64(0),
-                        count)
         out_begin = np.uint64(out_first + first)
-        for j in range(count):
-            out[out_begin + np.uint64(j)] = best[np.uint64(j)]
+        if dilation == 1 and k_last == 3 and step == 2:
+            _column_windows(columns, out, out_begin, count, 3, np.uint64(2))
+        elif dilation == 1 and k_last == 3 and step == 1:
+            _column_windows(columns, out, out_begin, count, 3, np.uint64(1))
+        elif dilation == 1 and k_last == 2 and step == 2:
+            _column_windows(columns, out, out_begin, count, 2, np.uint64(2))
+        else:
+            start_maxima(out, None, out_begin, count, lowest)
+            for kw in range(k_last):
+                max_run(columns, np.uint64(kw * dilation), step, out, None, 0, out_begin, count)
         if check_ties:
             suspect = False
             for j in range(count):
-                value = decode(best[np.uint64(j)])
+                value = decode(out[out_begin + np.uint64(j)])
                 suspect |= (value == 0) | (value != value)
             if suspect:
                 for j in range(count):
-                    value = decode(best[j])
+                    value = decode(out[out_begin + np.uint64(j)])
                     if value == 0 or value != value:
                         out[np.uint64(out_first + first + j)] = _border_max(
                             first + j, row_offset, row_inside, starts, lowest, source, axes,
