@@ -186,3 +186,44 @@ def test_global_sums_equal_the_in_order_sum(dtype):
         else:
             got = numbapool.global_lp_pool(x, p=int(op[-1]))
         assert got.reshape(-1).tobytes() == expected.tobytes(), op
+
+
+@pytest.mark.parametrize("strides", [[1, 1], [2, 2], [1, 2, 1]])
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+def test_window_sums_in_the_stated_order(strides, count_include_pad):
+    # float32 AveragePool, 3-wide windows, values whose float32 sum depends on the order
+    # (2**24 + 1 - 2**24 is 0 in order) and zeros of both signs: each input row's taps are
+    # added left to right to +0, then the rows in order to +0, then divided, all in float32.
+    rank = len(strides)
+    kernel = [3] * rank
+    rng = np.random.default_rng(11)
+    shape = (2, 3) + ((7, 9) if rank == 2 else (4, 5, 6))
+    pool = np.array([2.0 ** 24, -2.0 ** 24, 1.0, -1.0, 0.5, 0.0, -0.0, 3.0], np.float32)
+    x = rng.choice(pool, size=shape)
+    pads = [1] * (2 * rank)
+    got = numbapool.average_pool(x, kernel, strides=strides, pads=pads,
+                                 count_include_pad=count_include_pad)
+    spatial = shape[2:]
+    expected = np.empty_like(got)
+    for n in range(shape[0]):
+        for c in range(shape[1]):
+            for position in np.ndindex(*got.shape[2:]):
+                starts = [p * s - 1 for p, s in zip(position, strides)]
+                total, taps_inside, taps_padded = np.float32(0), 0, 0
+                for lead in np.ndindex(*kernel[:-1]):
+                    coords = [s + t for s, t in zip(starts, lead)]
+                    row_inside = all(0 <= q < size for q, size in zip(coords, spatial))
+                    row_padded = all(-1 <= q <= size for q, size in zip(coords, spatial))
+                    row_sum = np.float32(0)
+                    for t in range(kernel[-1]):
+                        q = starts[-1] + t
+                        inside = row_inside and 0 <= q < spatial[-1]
+                        taps_inside += inside
+                        taps_padded += row_padded and -1 <= q <= spatial[-1]
+                        if inside:
+                            row_sum = np.float32(row_sum + x[(n, c, *coords, q)])
+                    if row_inside:
+                        total = np.float32(total + row_sum)
+                divisor = taps_padded if count_include_pad else taps_inside
+                expected[(n, c, *position)] = np.float32(total / np.float32(divisor))
+    assert got.tobytes() == expected.tobytes()

@@ -188,6 +188,35 @@ def max_run(source, offset, step, best, best_taps, tap, begin, count):
 
 
 @njit(inline="always")
+def interior_outputs(axes, width):
+    """(lo, hi): the outputs along the last axis whose ``width`` taps (dilation 1) all lie
+    inside the input. Divisions: computed once per run of units, not per unit."""
+    last = axes.shape[1] - 1
+    step, pad, size = axes[AXIS_STRIDE, last], axes[AXIS_PAD_BEGIN, last], axes[AXIS_IN, last]
+    return (pad + step - 1) // step, (size - width + pad) // step + 1
+
+
+@njit(inline="always")
+def input_row_strides(axes):
+    """Per leading axis, how many input rows one step along it spans; with these a unit's
+    first input row is found without a division (``first_input_row``)."""
+    last = axes.shape[1] - 1
+    strides = np.empty(max(last, 1), np.int64)
+    for axis in range(last):
+        strides[axis] = axes[AXIS_INPUT_STRIDE, axis] // axes[AXIS_IN, last]
+    return strides
+
+
+@njit(inline="always")
+def first_input_row(nc, channel_rows, starts, row_strides):
+    """The input row number (counted over all channels) where a unit's window starts."""
+    row = nc * channel_rows
+    for axis in range(starts.shape[0] - 1):
+        row += starts[axis] * row_strides[axis]
+    return row
+
+
+@njit(inline="always")
 def row_slot(row_index, first, keys, slots, out_last):
     """The cache slot of one input row's last-axis results for the outputs from ``first``,
     and whether they must be computed (not cached there yet)."""
@@ -257,8 +286,9 @@ def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, row_taps, low
     last = rank - 1
     step = np.uint64(axes[AXIS_STRIDE, last])
     out_last = axes[AXIS_OUT, last]
-    in_last = axes[AXIS_IN, last]
     channel_size = x.shape[1]
+    channel_rows = channel_size // axes[AXIS_IN, last]
+    row_strides = input_row_strides(axes)
     k_last = taps[taps.shape[0] - 1, last] + 1
     lead_count = taps.shape[0] // k_last
     starts = np.empty(rank, np.int64)
@@ -276,7 +306,7 @@ def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, row_taps, low
         first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
         row_offset += nc * channel_size
         start_maxima(best, best_taps, np.uint64(0), end - first, lowest)
-        first_row = row_offset // in_last if slots else 0  # a division: only when needed
+        first_row = first_input_row(nc, channel_rows, starts, row_strides)
         for lead in range(lead_count):
             tap = lead * k_last
             if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
@@ -380,6 +410,52 @@ def sum_run(source, offset, step, totals, begin, count, p, p_kind):
         _sum_run(source, offset, step, totals, begin, count, p, p_kind)
 
 
+@njit(inline="always")
+def _row_window_sums(source, row_start, target, base, first, lo, hi, width, step, axes):
+    """AveragePool's row sums target[base + o - first] for the outputs o in [lo, hi), whose
+    taps all lie inside the input, with the width and step constants: the taps of an
+    output in one loop body, added in order to a zero as in ``sum_run``."""
+    last = axes.shape[1] - 1
+    zero = as_accumulator(0, source)
+    at = np.uint64(row_start + lo * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last])
+    begin = base + np.uint64(lo - first)
+    for j in range(hi - lo):
+        tap = at + np.uint64(j) * step
+        total = zero + as_accumulator(decode(source[tap]), source)
+        for w in range(1, width):
+            total += as_accumulator(decode(source[tap + np.uint64(w)]), source)
+        target[begin + np.uint64(j)] = total
+
+
+@njit(inline="always")
+def _border_row_sum(source, row_start, o, width, axes, zero):
+    """AveragePool's row sum for output o, its taps checked one by one (dilation 1)."""
+    last = axes.shape[1] - 1
+    total = zero
+    at = o * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
+    for w in range(width):
+        if 0 <= at + w < axes[AXIS_IN, last]:
+            total += as_accumulator(decode(source[np.uint64(row_start + at + w)]), zero)
+    return total
+
+
+@njit(**OPTIONS)  # not inlined, as max_over_last_axis
+def three_tap_row_sums(source, row_start, first, end, step, target, base, zero, axes,
+                       interior):
+    """``sum_over_last_axis`` for AveragePool's common windows, 3 taps wide along the last
+    axis with no dilation and a step of 1 or 2: the interior outputs' taps in one loop body,
+    the others one by one; each sum in the same order."""
+    lo, hi = _interior(first, end, interior)
+    if step == 1:
+        _row_window_sums(source, row_start, target, base, first, lo, hi, 3, np.uint64(1), axes)
+    else:
+        _row_window_sums(source, row_start, target, base, first, lo, hi, 3, np.uint64(2), axes)
+    for o in range(first, lo):
+        target[base + np.uint64(o - first)] = _border_row_sum(source, row_start, o, 3, axes, zero)
+    for o in range(hi, end):
+        target[base + np.uint64(o - first)] = _border_row_sum(source, row_start, o, 3, axes, zero)
+
+
 @njit(**OPTIONS)  # not inlined, as max_over_last_axis
 def sum_over_last_axis(source, row_start, first, end, step, target, base, zero, axes,
                        tap_outputs, tap_offsets, k_last, p, p_kind):
@@ -390,6 +466,39 @@ def sum_over_last_axis(source, row_start, first, end, step, target, base, zero, 
     for kw in range(k_last):
         begin, count, offset = tap_run(kw, first, end, tap_outputs, row_start, axes, tap_offsets)
         sum_run(source, offset, step, target, base + begin, count, p, p_kind)
+
+
+@njit(inline="always")
+def _leading_divisor(divisor_counts, positions, last):
+    """The product of AveragePool's per-axis tap counts over the leading axes."""
+    leading = 1
+    for axis in range(last):
+        leading *= divisor_counts[axis, positions[axis]]
+    return leading
+
+
+@njit(inline="always")
+def _mean(total, divisor, zero, y):
+    """An AveragePool output: the window sum over its divisor, 0 for a window with no tap
+    inside, rounded once to y's type."""
+    mean = total / as_accumulator(max(divisor, 1), zero)
+    return encode(mean if divisor > 0 else zero, y)
+
+
+@njit(inline="always")
+def _three_row_means(rows, row_bases, out, out_begin, first, count, divisor_counts, positions,
+                     zero, y):
+    """AveragePool outputs of a window with three input rows: the cached row sums added in
+    order to a zero, as the totals are, then divided."""
+    last = divisor_counts.shape[0] - 1
+    leading = _leading_divisor(divisor_counts, positions, last)
+    row0, row1, row2 = (np.uint64(row_bases[0]), np.uint64(row_bases[1]),
+                        np.uint64(row_bases[2]))
+    for j in range(count):
+        k = np.uint64(j)
+        total = ((zero + rows[row0 + k]) + rows[row1 + k]) + rows[row2 + k]
+        divisor = leading * divisor_counts[np.uint64(last), np.uint64(first + j)]
+        out[out_begin + k] = _mean(total, divisor, zero, y)
 
 
 @njit(parallel=True, **OPTIONS)
@@ -416,14 +525,22 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_
     last = rank - 1
     step = np.uint64(axes[AXIS_STRIDE, last])
     out_last = axes[AXIS_OUT, last]
-    in_last = axes[AXIS_IN, last]
+    channel_rows = x.shape[1] // axes[AXIS_IN, last]
+    row_strides = input_row_strides(axes)
+    interior = interior_outputs(axes, 3)
+    three_taps = (p_kind == 0 and taps[taps.shape[0] - 1, last] == 2 and step <= 2
+                  and axes[AXIS_DILATION, last] == 1)
     k_last = taps[taps.shape[0] - 1, last] + 1
     lead_count = taps.shape[0] // k_last
     p_acc = as_accumulator(p, zero)
+    # AveragePool windows of three input rows add them in _three_row_means, once all three
+    # are cached: only when the rows cannot share a slot (they span fewer rows than slots)
+    defer = p_kind == 0 and lead_count == 3 and lead_rows[2] - lead_rows[0] < slots
     starts = np.empty(rank, np.int64)
     totals = accumulator_array(block, zero)
     rows = accumulator_array(slots * block, zero)
     keys = np.full(slots, -1, np.int64)
+    row_bases = np.empty(lead_count, np.int64)
     # flat views, made once: a view per row costs reference counting in the hot loop
     source = x.reshape(x.size)
     out = y.reshape(y.size)
@@ -439,9 +556,11 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_
             sum_over_last_axis(source, row_offset, first, end, step, totals, np.uint64(0), zero,
                                axes, tap_outputs, tap_offsets, k_last, p_acc, p_kind)
         else:
-            for j in range(end - first):
-                totals[j] = zero
-            first_row = row_offset // in_last
+            first_row = first_input_row(nc, channel_rows, starts, row_strides)
+            if not defer:
+                for j in range(end - first):
+                    totals[j] = zero
+            inside_rows = 0
             for lead in range(lead_count):
                 tap = lead * k_last
                 if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
@@ -449,21 +568,34 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_
                 slot, missing = row_slot(first_row + lead_rows[lead], first, keys, slots,
                                          out_last)
                 base = np.uint64(slot * block)
-                if missing:
+                row_bases[inside_rows] = slot * block
+                inside_rows += 1
+                if missing and three_taps:
+                    three_tap_row_sums(source, row_offset + tap_offsets[tap], first, end, step,
+                                       rows, base, zero, axes, interior)
+                elif missing:
                     sum_over_last_axis(source, row_offset + tap_offsets[tap], first, end, step,
                                        rows, base, zero, axes, tap_outputs, tap_offsets, k_last,
                                        p_acc, p_kind)
+                if not defer:
+                    for j in range(end - first):
+                        totals[j] += rows[base + np.uint64(j)]
+            if defer and inside_rows == 3:
+                _three_row_means(rows, row_bases, out, np.uint64(nc * y.shape[1] + row + first),
+                                 first, end - first, divisor_counts, positions, zero, y)
+                continue
+            if defer:  # a window at the edge: fewer rows
                 for j in range(end - first):
-                    totals[j] += rows[base + np.uint64(j)]
+                    totals[j] = zero
+                for r in range(inside_rows):
+                    for j in range(end - first):
+                        totals[j] += rows[np.uint64(row_bases[r]) + np.uint64(j)]
         out_begin = np.uint64(nc * y.shape[1] + row + first)
         if p_kind == 0:
-            leading = 1
-            for axis in range(last):
-                leading *= divisor_counts[axis, positions[axis]]
+            leading = _leading_divisor(divisor_counts, positions, last)
             for j in range(end - first):
                 divisor = leading * divisor_counts[np.uint64(last), np.uint64(first + j)]
-                mean = totals[j] / as_accumulator(max(divisor, 1), zero)
-                out[out_begin + np.uint64(j)] = encode(mean if divisor > 0 else zero, y)
+                out[out_begin + np.uint64(j)] = _mean(totals[j], divisor, zero, y)
         elif p_kind == 2:  # the common norm gets a loop with its kind a constant
             for j in range(end - first):
                 out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, 2), y)
@@ -523,12 +655,10 @@ def _border_sum(o, row_offset, row_inside, starts, zero, source, axes, taps, tap
 
 
 @njit(inline="always")
-def _interior(first, end, axes, width):
-    """[lo, hi): the outputs in [first, end) whose window lies inside along the last axis."""
-    last = axes.shape[1] - 1
-    step, pad, size = axes[AXIS_STRIDE, last], axes[AXIS_PAD_BEGIN, last], axes[AXIS_IN, last]
-    lo = min(max(first, (pad + step - 1) // step), end)
-    hi = max(lo, min(end, (size - width + pad) // step + 1))
+def _interior(first, end, interior):
+    """[lo, hi): the outputs in [first, end) inside ``interior`` (from interior_outputs)."""
+    lo = min(max(first, interior[0]), end)
+    hi = max(lo, min(end, interior[1]))
     return lo, hi
 
 
@@ -570,13 +700,14 @@ def fixed_window_kernels(depth, height, width, step):
     @njit(**OPTIONS)
     def max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block):
         last, row_length, plane, pad = _fixed_layout(axes)
+        interior = interior_outputs(axes, width)
         starts, positions, source, out, nc = _first_unit_row(unit_begin, axes, block, x, y)
         for unit in range(unit_begin, unit_end):
             nc, first, end, row_offset, row_inside, out_first = _unit_row(
                 unit, unit_begin, nc, positions, starts, axes, block, x, y)
             lo = hi = end
             if row_inside:
-                lo, hi = _interior(first, end, axes, width)
+                lo, hi = _interior(first, end, interior)
                 for o in range(lo, hi):
                     at = np.uint64(row_offset + o * step - pad)
                     best = lowest
@@ -603,6 +734,7 @@ def fixed_window_kernels(depth, height, width, step):
     @njit(**OPTIONS)
     def sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts, block):
         last, row_length, plane, pad = _fixed_layout(axes)
+        interior = interior_outputs(axes, width)
         zero = as_accumulator(0, x)
         starts, positions, source, out, nc = _first_unit_row(unit_begin, axes, block, x, y)
         for unit in range(unit_begin, unit_end):
@@ -613,7 +745,7 @@ def fixed_window_kernels(depth, height, width, step):
                 leading *= divisor_counts[axis, positions[axis]]
             lo = hi = end
             if row_inside:
-                lo, hi = _interior(first, end, axes, width)
+                lo, hi = _interior(first, end, interior)
                 for o in range(lo, hi):
                     at = np.uint64(row_offset + o * step - pad)
                     total = zero
