@@ -225,7 +225,8 @@ def run_global(op: str, x: np.ndarray, dtype: np.dtype, out_shape: tuple, p: flo
     if op == "GlobalMaxPool":
         bits = _SIGNED_BITS[rows_in.dtype.itemsize]
         maximum = (rows_in, rows_in.view(bits), rows_out, rows_out.view(bits),
-                   np.int64(np.iinfo(bits).max), np.int64(_INF_BITS[dtype]))
+                   bits.type(np.iinfo(bits).max), bits.type(_INF_BITS[dtype]),
+                   bits.type(8 * bits.itemsize - 1))
     entered = _threads.enter_parallel(_threads.get_num_threads())
     try:
         if op == "GlobalMaxPool" and entered:

@@ -25,13 +25,13 @@ EPSILON = np.finfo(np.float64).eps / 2
 
 
 @njit(parallel=True, **OPTIONS)
-def global_max_pool(x, bits, y, y_bits, magnitude_mask, inf_bits):
+def global_max_pool(x, bits, y, y_bits, magnitude_mask, inf_bits, sign_shift):
     """The first largest element of each channel, bit for bit; a NaN gives the first NaN."""
     chunks = min(x.shape[0], CHUNKS)
     for chunk in prange(chunks):
         begin, end = x.shape[0] * chunk // chunks, x.shape[0] * (chunk + 1) // chunks
         global_max_units(np.int64(begin), np.int64(end), x, bits, y, y_bits, magnitude_mask,
-                         inf_bits)
+                         inf_bits, sign_shift)
 
 
 @njit(inline="always")
@@ -44,29 +44,33 @@ def channel_max(flat, base, size):
 
 
 @njit(inline="always")
-def order_key(bits, magnitude_mask):
-    """A signed integer that orders like the float whose (sign-extended) bits these are:
-    negative floats have their magnitude bits flipped. NaNs get keys beyond the infinities."""
-    return bits ^ ((bits >> 63) & magnitude_mask)
+def order_key(bits, magnitude_mask, sign_shift):
+    """A signed integer that orders like the float whose bits these are: negative floats
+    have their magnitude bits flipped. NaNs get keys beyond the infinities. In the width of
+    ``bits``: numpy's functions keep it, where Python's operators would widen to int64."""
+    return np.bitwise_xor(bits, np.bitwise_and(np.right_shift(bits, sign_shift), magnitude_mask))
 
 
 @njit(**OPTIONS)
-def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits):
+def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, sign_shift):
     """Each channel's maximum as an integer maximum of order keys over ``bits`` (the
     elements' bit patterns as signed integers), which vectorizes. Equal floats other than
     zeros and NaNs have equal bits, so that maximum is the first maximum; a channel whose
-    maximum is a zero (+0 and -0 tie) or that holds a NaN is scanned again in order."""
+    maximum is a zero (+0 and -0 tie) or that holds a NaN is scanned again in order.
+    ``magnitude_mask``, ``inf_bits`` and ``sign_shift`` have the type of ``bits``, so that
+    the integer arithmetic stays in that width: as many elements per vector as the dtype
+    allows."""
     flat, flat_bits = x.reshape(x.size), bits.reshape(bits.size)
     size = np.uint64(x.shape[1])
     for nc in range(begin, end):
         base = np.uint64(nc) * size
-        best_key = order_key(np.int64(flat_bits[base]), magnitude_mask)
-        largest_magnitude = np.int64(0)
+        best_key = order_key(flat_bits[base], magnitude_mask, sign_shift)
+        largest_magnitude = np.bitwise_and(flat_bits[base], magnitude_mask)
         for i in range(size):
-            element = np.int64(flat_bits[base + np.uint64(i)])
-            best_key = max(best_key, order_key(element, magnitude_mask))
-            largest_magnitude = max(largest_magnitude, element & magnitude_mask)
-        best = order_key(best_key, magnitude_mask)  # the key's own inverse
+            element = flat_bits[base + np.uint64(i)]
+            best_key = max(best_key, order_key(element, magnitude_mask, sign_shift))
+            largest_magnitude = max(largest_magnitude, np.bitwise_and(element, magnitude_mask))
+        best = order_key(best_key, magnitude_mask, sign_shift)  # the key's own inverse
         if largest_magnitude > inf_bits or best & magnitude_mask == 0:
             y[nc] = channel_max(flat, base, size)
         else:
