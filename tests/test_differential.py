@@ -79,14 +79,18 @@ def _expected_or_same_error(op, function, x, attrs):
         return None
 
 
-def _check_float(actual, expected, dtype):
+def _check_float(actual, expected, dtype, accumulation=0.0):
     assert actual.dtype == dtype
     assert actual.shape == expected.shape
     # the reference is exact in float64; numbapool rounds once to the dtype, and near zero
     # that rounding can move a result by up to one subnormal step (2**-25 in float16 is a
-    # tie between 0 and 2**-24, and goes to 0)
-    np.testing.assert_allclose(actual.astype(np.float64), expected, rtol=RTOL[np.dtype(dtype)],
-                               atol=float(ml_dtypes.finfo(dtype).smallest_subnormal))
+    # tie between 0 and 2**-24, and goes to 0); ``accumulation``: what the accumulator's
+    # own rounding may add where terms cancel
+    atol = float(ml_dtypes.finfo(dtype).smallest_subnormal) + accumulation
+    close = np.isclose(actual.astype(np.float64), expected, rtol=RTOL[np.dtype(dtype)],
+                       atol=atol, equal_nan=True)
+    assert close.all(), (f"{np.count_nonzero(~close)} of {close.size} differ: actual "
+                         f"{actual[~close]}, expected {expected[~close]}")
 
 
 @SETTINGS
@@ -116,7 +120,13 @@ def test_average_pool(data):
     expected = _expected_or_same_error("AveragePool", numbapool.average_pool, x, attrs)
     if expected is None:
         return
-    _check_float(numbapool.average_pool(x, **attrs), expected, x.dtype)
+    # AveragePool adds in float32 (float64 for float64 input): where terms cancel, a sum of
+    # T terms may be off by (T - 1) units of the accumulator times the sum of magnitudes
+    unit = 2.0 ** -53 if x.dtype == np.float64 else 2.0 ** -24
+    with np.errstate(invalid="ignore"):
+        magnitudes = reference.pool("AveragePool", np.abs(x.astype(np.float64)), **attrs)
+    accumulation = math.prod(attrs["kernel_shape"]) * unit * np.nan_to_num(magnitudes)
+    _check_float(numbapool.average_pool(x, **attrs), expected, x.dtype, accumulation)
 
 
 @SETTINGS
@@ -310,3 +320,19 @@ def test_max_pool_columns_kernel(data):
     assume(special is not None and special[1] is window.max_pool_columns)
     got = numbapool.max_pool(x, **attrs)
     assert got.tobytes() == expected[0].tobytes()
+
+
+@pytest.mark.parametrize("shape, attrs", [
+    ((2, 3, 6, 7, 9), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),
+    ((2, 3, 6, 7, 9), dict(kernel_shape=[2, 3, 2], dilations=[2, 1, 1], pads=[1, 0, 1, 1, 2, 0])),
+    ((1, 2, 4, 3, 5, 6), dict(kernel_shape=[2, 2, 2, 3], strides=[1, 2, 1, 2], ceil_mode=1)),
+])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_max_pool_columns_over_planes(shape, attrs, dtype):
+    """Three or more spatial axes: max_pool_columns folds the outer axes over whole planes
+    first; zeros of both signs and NaNs of two kinds, bit for bit against the reference."""
+    bits_type, patterns = _TIE_BITS[np.dtype(dtype)]
+    codes = np.random.default_rng(5).integers(0, len(patterns), size=shape)
+    x = np.array(patterns, dtype=bits_type)[codes].view(dtype)
+    expected, _ = reference.pool("MaxPool", x, **attrs)
+    assert numbapool.max_pool(x, **attrs).tobytes() == expected.tobytes()
