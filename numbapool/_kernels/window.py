@@ -813,6 +813,30 @@ def _fold_column_rows(columns, lo, hi, source, row_starts, rows):
                 columns[base + k], source[at0 + k]), source[at1 + k]), source[at2 + k])
 
 
+# The largest input plane (last two axes) max_pool_columns folds into scratch: 256 KiB of
+# float32, within a core's L2 cache.
+PLANE_ELEMENTS = 1 << 16
+
+
+@njit(inline="always")
+def _fold_outer_planes(plane, source, row_offset, starts, axes, taps, tap_offsets, plane_starts,
+                       plane_taps):
+    """plane = the element-wise maximum of the input planes (the last two axes, whole)
+    under the window's taps along the axes before them; ``plane_taps`` taps apart in the
+    tap table. Returns False when none of them lies inside the input."""
+    height = axes.shape[1] - 2
+    # input offset of the window's start along the outer axes, height start taken out
+    outer = row_offset - starts[height] * axes[AXIS_INPUT_STRIDE, height]
+    count = 0
+    for tap in range(0, taps.shape[0], plane_taps):
+        if tap_is_inside(tap, taps, starts, axes, height):
+            plane_starts[count] = outer + tap_offsets[tap]
+            count += 1
+    if count > 0:
+        _fold_column_rows(plane, 0, plane.size, source, plane_starts, count)
+    return count > 0
+
+
 @njit(inline="always")
 def _column_windows(columns, target, base, count, width, step):
     """target[base + j] = the maximum of columns[j * step:j * step + width], for a common width and
@@ -851,6 +875,20 @@ def max_pool_columns_units(unit_begin, unit_end, x, y, lowest, check_ties, axes,
     columns = np.empty((block - 1) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last], x.dtype)
     row_starts = np.empty(lead_count, np.int64)
     starts, positions, source, out, nc = _first_unit_row(unit_begin, axes, block, x, y)
+    # Three or more axes: the window's taps along the axes before the last two are first
+    # folded over whole input planes (one long loop per plane), once per run of units that
+    # share them; each output row then folds only its rows of that plane. Only for planes
+    # that fit the scratch limit, and runs that cover several output planes (a plane is
+    # folded whole, even for a run that needs a few of its rows).
+    height = last - 1
+    k_height = taps[taps.shape[0] - 1, height] + 1
+    plane_size = axes[AXIS_IN, height] * in_last
+    plane_units = axes[AXIS_OUT, height] * ((axes[AXIS_OUT, last] + block - 1) // block)
+    planes = (last >= 2 and plane_size <= PLANE_ELEMENTS
+              and unit_end - unit_begin >= 4 * plane_units)
+    plane = np.empty(plane_size if planes else 0, x.dtype)
+    plane_key = -1
+    plane_empty = False
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = _unit_row(
             unit, unit_begin, nc, positions, starts, axes, block, x, y)
@@ -859,15 +897,31 @@ def max_pool_columns_units(unit_begin, unit_end, x, y, lowest, check_ties, axes,
         lo = min(span, max(0, -span_start))  # columns[lo:hi] lie inside the input
         hi = max(lo, min(span, in_last - span_start))
         inside_rows = 0
-        for lead in range(lead_count):
-            tap = lead * k_last
-            if row_inside or tap_is_inside(tap, taps, starts, axes, last):
-                row_starts[inside_rows] = row_offset + tap_offsets[tap] + span_start + lo
-                inside_rows += 1
+        if planes:
+            key = nc
+            for axis in range(height):
+                key = key * axes[AXIS_OUT, axis] + positions[axis]
+            if key != plane_key:
+                plane_key = key
+                plane_empty = not _fold_outer_planes(plane, source, row_offset, starts, axes,
+                                                     taps, tap_offsets, row_starts,
+                                                     k_height * k_last)
+            for row in range(k_height):
+                h = starts[height] + row * axes[AXIS_DILATION, height]
+                if not plane_empty and 0 <= h < axes[AXIS_IN, height]:
+                    row_starts[inside_rows] = h * in_last + span_start + lo
+                    inside_rows += 1
+        else:
+            for lead in range(lead_count):
+                tap = lead * k_last
+                if row_inside or tap_is_inside(tap, taps, starts, axes, last):
+                    row_starts[inside_rows] = row_offset + tap_offsets[tap] + span_start + lo
+                    inside_rows += 1
         if inside_rows == 0:
             lo = hi = 0
         else:
-            _fold_column_rows(columns, lo, hi, source, row_starts, inside_rows)
+            _fold_column_rows(columns, lo, hi, plane if planes else source, row_starts,
+                              inside_rows)
         for i in range(lo):
             columns[np.uint64(i)] = lowest
         for i in range(hi, span):
