@@ -411,19 +411,18 @@ def sum_run(source, offset, step, totals, begin, count, p, p_kind):
 
 
 @njit(inline="always")
-def _row_window_sums(source, row_start, target, base, first, lo, hi, width, step, axes):
+def _row_window_sums(source, row_start, target, base, first, lo, hi, width, step, axes, zero):
     """AveragePool's row sums target[base + o - first] for the outputs o in [lo, hi), whose
     taps all lie inside the input, with the width and step constants: the taps of an
-    output in one loop body, added in order to a zero as in ``sum_run``."""
+    output in one loop body, added in order to ``zero`` as in ``sum_run``."""
     last = axes.shape[1] - 1
-    zero = as_accumulator(0, source)
     at = np.uint64(row_start + lo * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last])
     begin = base + np.uint64(lo - first)
     for j in range(hi - lo):
         tap = at + np.uint64(j) * step
-        total = zero + as_accumulator(decode(source[tap]), source)
+        total = zero + as_accumulator(decode(source[tap]), zero)
         for w in range(1, width):
-            total += as_accumulator(decode(source[tap + np.uint64(w)]), source)
+            total += as_accumulator(decode(source[tap + np.uint64(w)]), zero)
         target[begin + np.uint64(j)] = total
 
 
@@ -447,9 +446,11 @@ def three_tap_row_sums(source, row_start, first, end, step, target, base, zero, 
     the others one by one; each sum in the same order."""
     lo, hi = _interior(first, end, interior)
     if step == 1:
-        _row_window_sums(source, row_start, target, base, first, lo, hi, 3, np.uint64(1), axes)
+        _row_window_sums(source, row_start, target, base, first, lo, hi, 3, np.uint64(1), axes,
+                         zero)
     else:
-        _row_window_sums(source, row_start, target, base, first, lo, hi, 3, np.uint64(2), axes)
+        _row_window_sums(source, row_start, target, base, first, lo, hi, 3, np.uint64(2), axes,
+                         zero)
     for o in range(first, lo):
         target[base + np.uint64(o - first)] = _border_row_sum(source, row_start, o, 3, axes, zero)
     for o in range(hi, end):
@@ -527,11 +528,10 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_
     out_last = axes[AXIS_OUT, last]
     channel_rows = x.shape[1] // axes[AXIS_IN, last]
     row_strides = input_row_strides(axes)
-    interior = interior_outputs(axes, 3)
-    three_taps = (p_kind == 0 and taps[taps.shape[0] - 1, last] == 2 and step <= 2
-                  and axes[AXIS_DILATION, last] == 1)
     k_last = taps[taps.shape[0] - 1, last] + 1
     lead_count = taps.shape[0] // k_last
+    interior = interior_outputs(axes, 3)
+    three_taps = p_kind == 0 and k_last == 3 and step <= 2 and axes[AXIS_DILATION, last] == 1
     p_acc = as_accumulator(p, zero)
     # AveragePool windows of three input rows add them in _three_row_means, once all three
     # are cached: only when the rows cannot share a slot (they span fewer rows than slots)
