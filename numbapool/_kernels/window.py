@@ -310,7 +310,7 @@ def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, row_taps, low
         first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
         row_offset += nc * channel_size
         start_maxima(best, best_taps, np.uint64(0), end - first, lowest)
-        first_row = first_input_row(nc, channel_rows, starts, row_strides)
+        first_row = first_input_row(nc, channel_rows, starts, row_strides) if slots else 0
         for lead in range(lead_count):
             tap = lead * k_last
             if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
@@ -843,9 +843,9 @@ def _fold_outer_planes(plane, source, row_offset, starts, axes, taps, tap_offset
 
 @njit(inline="always")
 def _column_windows(columns, target, base, count, width, step):
-    """target[base + j] = the maximum of columns[j * step:j * step + width], for a common width and
-    step, both constants: a window's taps in one loop body load as whole vectors (the
-    taps-outer loops gather at step 2). The order of the taps differs from the row-major
+    """target[base + j] = the maximum of columns[j * step:j * step + width], for a common
+    width and step, both constants: a window's taps in one loop body load as whole vectors
+    (the taps-outer loops gather at step 2). The order of the taps differs from the row-major
     scan, which matters for zeros and NaNs only: those outputs are retaken anyway."""
     for j in range(count):
         at = np.uint64(j) * step
@@ -951,7 +951,7 @@ def max_pool_columns_units(unit_begin, unit_end, x, y, lowest, check_ties, axes,
                 for j in range(count):
                     value = decode(out[out_begin + np.uint64(j)])
                     if value == 0 or value != value:
-                        out[np.uint64(out_first + first + j)] = _border_max(
+                        out[out_begin + np.uint64(j)] = _border_max(
                             first + j, row_offset, row_inside, starts, lowest, source, axes,
                             taps, tap_offsets)
 
