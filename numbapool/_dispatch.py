@@ -185,7 +185,7 @@ def _specialized(plan: WindowPlan):
     that a specialized kernel serves, else None; kept on the plan, so that a repeated call
     does no work here. Measured faster than the rank-generic kernels (docs/performance.md):
     a window in window.FIXED_WINDOWS (MaxPool, AveragePool), else, for MaxPool over two or
-    more spatial axes, the input-rows-first window.max_pool_columns."""
+    more spatial axes, the input-rows-first window.columns_kernels of its kind."""
     try:
         return plan.launches["special"]
     except KeyError:
@@ -208,7 +208,10 @@ def _specialized(plan: WindowPlan):
     elif plan.op == "MaxPool" and rank >= 2:
         # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
         check_ties = plan.dtype.kind not in "iu"
-        special = (window.max_pool_columns_units, window.max_pool_columns,
+        last_window = (plan.kernel_shape[-1], plan.strides[-1])
+        if plan.dilations[-1] != 1 or last_window not in window.COLUMN_WINDOWS:
+            last_window = (0, 0)
+        special = (*window.columns_kernels(*last_window, rank >= 3),
                    (lowest_value(plan.dtype), check_ties, g["axes"], g["taps"],
                     g["tap_offsets"]))
     plan.launches["special"] = special

@@ -35,13 +35,19 @@ def _choose(what: str, given, known: dict) -> list:
 
 def _windows():
     """(kernel_shape, strides, pads) reaching every windowed kernel: the rank-generic ones
-    (a padded 3x3 window) and each of window.FIXED_WINDOWS."""
+    (a padded 3x3 window), each of window.FIXED_WINDOWS, and MaxPool's input-rows-first
+    kernels (window.columns_kernels), one per kind of last-axis window, over two and three
+    spatial axes (3-high windows: a 2x2 one would take a fixed window's kernel)."""
     from ._kernels import window
 
     yield [3, 3], [1, 1], [1, 1, 1, 1]
     for depth, height, width, step in window.FIXED_WINDOWS:
         kernel = [height, width] if depth == 1 else [depth, height, width]
         yield kernel, [1] * (len(kernel) - 1) + [step], None
+    generic = (2, 1)  # not in COLUMN_WINDOWS: the kernel for any other window
+    for width, step in window.COLUMN_WINDOWS + (generic,):
+        for rank in (2, 3):
+            yield [3] * (rank - 1) + [width], [1] * (rank - 1) + [step], None
 
 
 def _exercise(op: str, dtype: np.dtype) -> None:

@@ -297,7 +297,7 @@ _TIE_BITS = {
 @given(st.data())
 def test_max_pool_columns_kernel(data):
     """MaxPool without Indices over two or more spatial axes runs input rows first
-    (window.max_pool_columns), a column-major scan of each window; where that scan's zero or
+    (window.columns_kernels), a column-major scan of each window; where that scan's zero or
     NaN differs from the row-major one, the row-major one must be what comes out, bit for
     bit."""
     from numbapool import _dispatch
@@ -317,7 +317,10 @@ def test_max_pool_columns_kernel(data):
     if expected is None:
         return
     special = _dispatch._specialized(numbapool.plan("MaxPool", x.shape, x.dtype, **attrs))
-    assume(special is not None and special[1] is window.max_pool_columns)
+    assume(special is not None and special[1] in {
+        kernels[1] for kernels in (window.columns_kernels(*kind, outer_axes)
+                                   for kind in window.COLUMN_WINDOWS + ((0, 0),)
+                                   for outer_axes in (False, True))})
     got = numbapool.max_pool(x, **attrs)
     assert got.tobytes() == expected[0].tobytes()
 
@@ -329,8 +332,9 @@ def test_max_pool_columns_kernel(data):
 ])
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_max_pool_columns_over_planes(shape, attrs, dtype):
-    """Three or more spatial axes: max_pool_columns folds the outer axes over whole planes
-    first; zeros of both signs and NaNs of two kinds, bit for bit against the reference."""
+    """Three or more spatial axes: the input-rows-first kernel folds the outer axes over
+    whole planes first; zeros of both signs and NaNs of two kinds, bit for bit against the
+    reference."""
     bits_type, patterns = _TIE_BITS[np.dtype(dtype)]
     codes = np.random.default_rng(5).integers(0, len(patterns), size=shape)
     x = np.array(patterns, dtype=bits_type)[codes].view(dtype)

@@ -17,8 +17,10 @@ the leading axes a tap is checked once per row, and only for rows near an edge.
 
 Behind _dispatch, where measured faster, the same units run on specialized kernels: fixed
 windows (``fixed_window_kernels``) and, for MaxPool without Indices over two or more axes,
-input rows first (``max_pool_columns``), each with the same results bit for bit.
+input rows first (``columns_kernels``), each with the same results bit for bit.
 """
+
+import functools
 
 import numpy as np
 from numba import njit, prange
@@ -817,7 +819,7 @@ def _fold_column_rows(columns, lo, hi, source, row_starts, rows):
                 columns[base + k], source[at0 + k]), source[at1 + k]), source[at2 + k])
 
 
-# The largest input plane (last two axes) max_pool_columns folds into scratch: 256 KiB of
+# The largest input plane (last two axes) columns_kernels folds into scratch: 256 KiB of
 # float32, within a core's L2 cache.
 PLANE_ELEMENTS = 1 << 16
 
@@ -855,111 +857,123 @@ def _column_windows(columns, target, base, count, width, step):
         target[base + np.uint64(j)] = value
 
 
-@njit(**OPTIONS)
-def max_pool_columns_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps,
-                           tap_offsets, block):
-    """MaxPool without Indices, input rows first: the window's input rows are folded
-    element by element into one row of column maxima (contiguous loads, which vectorize),
-    then the last-axis taps are taken once per output row from that row.
+# Last-axis windows (width, step), undilated, whose taps columns_kernels takes in one loop
+# body; other windows take theirs one run at a time.
+COLUMN_WINDOWS = ((3, 2), (3, 1), (2, 2))
 
-    That scans a window column by column instead of row by row. The maximum's value is
-    the same either way, and so are its bits unless it is a zero (+0 and -0 compare equal)
-    or a NaN (which NaN comes first depends on the order): with ``check_ties`` (float
-    dtypes) those outputs are taken again in row-major order, so every result is the one
-    docs/semantics.md states. Positions in the padding hold ``lowest``, which never wins
-    against an input element of another value.
-    """
-    last = axes.shape[1] - 1
-    step = np.uint64(axes[AXIS_STRIDE, last])
-    dilation = axes[AXIS_DILATION, last]
-    pad = axes[AXIS_PAD_BEGIN, last]
-    in_last = axes[AXIS_IN, last]
-    k_last = taps[taps.shape[0] - 1, last] + 1
-    lead_count = taps.shape[0] // k_last
-    columns = np.empty((block - 1) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last], x.dtype)
-    row_starts = np.empty(lead_count, np.int64)
-    starts, positions, source, out, nc = _first_unit_row(unit_begin, axes, block, x, y)
-    # Three or more axes: the window's taps along the axes before the last two are first
-    # folded over whole input planes (one long loop per plane), once per run of units that
-    # share them; each output row then folds only its rows of that plane. Only for planes
-    # that fit the scratch limit, and runs that cover several output planes (a plane is
-    # folded whole, even for a run that needs a few of its rows).
-    height = last - 1
-    k_height = taps[taps.shape[0] - 1, height] + 1
-    plane_size = axes[AXIS_IN, height] * in_last
-    plane_units = axes[AXIS_OUT, height] * ((axes[AXIS_OUT, last] + block - 1) // block)
-    planes = (last >= 2 and plane_size <= PLANE_ELEMENTS
-              and unit_end - unit_begin >= 4 * plane_units)
-    plane = np.empty(plane_size if planes else 0, x.dtype)
-    plane_key = -1
-    plane_empty = False
-    for unit in range(unit_begin, unit_end):
-        nc, first, end, row_offset, row_inside, out_first = _unit_row(
-            unit, unit_begin, nc, positions, starts, axes, block, x, y)
-        span_start = first * axes[AXIS_STRIDE, last] - pad  # input position of columns[0]
-        span = (end - 1 - first) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last]
-        lo = min(span, max(0, -span_start))  # columns[lo:hi] lie inside the input
-        hi = max(lo, min(span, in_last - span_start))
-        inside_rows = 0
-        if planes:
-            key = nc
-            for axis in range(height):
-                key = key * axes[AXIS_OUT, axis] + positions[axis]
-            if key != plane_key:
-                plane_key = key
-                plane_empty = not _fold_outer_planes(plane, source, row_offset, starts, axes,
-                                                     taps, tap_offsets, row_starts,
-                                                     k_height * k_last)
-            for row in range(k_height):
-                h = starts[height] + row * axes[AXIS_DILATION, height]
-                if not plane_empty and 0 <= h < axes[AXIS_IN, height]:
-                    row_starts[inside_rows] = h * in_last + span_start + lo
-                    inside_rows += 1
-        else:
-            for lead in range(lead_count):
-                tap = lead * k_last
-                if row_inside or tap_is_inside(tap, taps, starts, axes, last):
-                    row_starts[inside_rows] = row_offset + tap_offsets[tap] + span_start + lo
-                    inside_rows += 1
-        if inside_rows == 0:
-            lo = hi = 0
-        else:
-            _fold_column_rows(columns, lo, hi, plane if planes else source, row_starts,
-                              inside_rows)
-        for i in range(lo):
-            columns[np.uint64(i)] = lowest
-        for i in range(hi, span):
-            columns[np.uint64(i)] = lowest
-        count = end - first
-        out_begin = np.uint64(out_first + first)
-        if dilation == 1 and k_last == 3 and step == 2:
-            _column_windows(columns, out, out_begin, count, 3, np.uint64(2))
-        elif dilation == 1 and k_last == 3 and step == 1:
-            _column_windows(columns, out, out_begin, count, 3, np.uint64(1))
-        elif dilation == 1 and k_last == 2 and step == 2:
-            _column_windows(columns, out, out_begin, count, 2, np.uint64(2))
-        else:
-            start_maxima(out, None, out_begin, count, lowest)
-            for kw in range(k_last):
-                max_run(columns, np.uint64(kw * dilation), step, out, None, 0, out_begin, count)
-        if check_ties:
-            suspect = False
-            for j in range(count):
-                value = decode(out[out_begin + np.uint64(j)])
-                suspect |= (value == 0) | (value != value)
-            if suspect:
+
+@functools.lru_cache(maxsize=None)
+def columns_kernels(window_width, window_step, outer_axes):
+    """(units, driver) of MaxPool without Indices taken input rows first, for one kind of
+    window: ``window_width`` taps at ``window_step`` along the last axis (a pair of
+    COLUMN_WINDOWS, or 0, 0 for any other window), and ``outer_axes`` whether there are
+    three or more spatial axes. Each kind compiles only its own loops, so that a first
+    call compiles one of them, not all."""
+
+    @njit(**OPTIONS)
+    def column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps,
+                     tap_offsets, block):
+        """MaxPool without Indices, input rows first: the window's input rows are folded
+        element by element into one row of column maxima (contiguous loads, which vectorize),
+        then the last-axis taps are taken once per output row from that row.
+
+        That scans a window column by column instead of row by row. The maximum's value is
+        the same either way, and so are its bits unless it is a zero (+0 and -0 compare equal)
+        or a NaN (which NaN comes first depends on the order): with ``check_ties`` (float
+        dtypes) those outputs are taken again in row-major order, so every result is the one
+        docs/semantics.md states. Positions in the padding hold ``lowest``, which never wins
+        against an input element of another value.
+        """
+        last = axes.shape[1] - 1
+        step = np.uint64(axes[AXIS_STRIDE, last])
+        dilation = axes[AXIS_DILATION, last]
+        pad = axes[AXIS_PAD_BEGIN, last]
+        in_last = axes[AXIS_IN, last]
+        k_last = taps[taps.shape[0] - 1, last] + 1
+        lead_count = taps.shape[0] // k_last
+        columns = np.empty((block - 1) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last], x.dtype)
+        row_starts = np.empty(lead_count, np.int64)
+        starts, positions, source, out, nc = _first_unit_row(unit_begin, axes, block, x, y)
+        # Three or more axes: the window's taps along the axes before the last two are first
+        # folded over whole input planes (one long loop per plane), once per run of units that
+        # share them; each output row then folds only its rows of that plane. Only for planes
+        # that fit the scratch limit, and runs that cover several output planes (a plane is
+        # folded whole, even for a run that needs a few of its rows).
+        height = last - 1
+        k_height = taps[taps.shape[0] - 1, height] + 1
+        plane_size = axes[AXIS_IN, height] * in_last
+        plane_units = axes[AXIS_OUT, height] * ((axes[AXIS_OUT, last] + block - 1) // block)
+        planes = plane_size <= PLANE_ELEMENTS and unit_end - unit_begin >= 4 * plane_units
+        planes = outer_axes and planes
+        plane = np.empty(plane_size if planes else 0, x.dtype)
+        plane_key = -1
+        plane_empty = False
+        for unit in range(unit_begin, unit_end):
+            nc, first, end, row_offset, row_inside, out_first = _unit_row(
+                unit, unit_begin, nc, positions, starts, axes, block, x, y)
+            span_start = first * axes[AXIS_STRIDE, last] - pad  # input position of columns[0]
+            span = (end - 1 - first) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last]
+            lo = min(span, max(0, -span_start))  # columns[lo:hi] lie inside the input
+            hi = max(lo, min(span, in_last - span_start))
+            inside_rows = 0
+            # outer_axes first: a constant, so that numba drops the branch before inlining
+            if outer_axes and planes:
+                key = nc
+                for axis in range(height):
+                    key = key * axes[AXIS_OUT, axis] + positions[axis]
+                if key != plane_key:
+                    plane_key = key
+                    plane_empty = not _fold_outer_planes(plane, source, row_offset, starts, axes,
+                                                         taps, tap_offsets, row_starts,
+                                                         k_height * k_last)
+                for row in range(k_height):
+                    h = starts[height] + row * axes[AXIS_DILATION, height]
+                    if not plane_empty and 0 <= h < axes[AXIS_IN, height]:
+                        row_starts[inside_rows] = h * in_last + span_start + lo
+                        inside_rows += 1
+            else:
+                for lead in range(lead_count):
+                    tap = lead * k_last
+                    if row_inside or tap_is_inside(tap, taps, starts, axes, last):
+                        row_starts[inside_rows] = row_offset + tap_offsets[tap] + span_start + lo
+                        inside_rows += 1
+            if inside_rows == 0:
+                lo = hi = 0
+            else:
+                _fold_column_rows(columns, lo, hi, plane if planes else source, row_starts,
+                                  inside_rows)
+            for i in range(lo):
+                columns[np.uint64(i)] = lowest
+            for i in range(hi, span):
+                columns[np.uint64(i)] = lowest
+            count = end - first
+            out_begin = np.uint64(out_first + first)
+            if window_width:
+                _column_windows(columns, out, out_begin, count, window_width,
+                                np.uint64(window_step))
+            else:
+                start_maxima(out, None, out_begin, count, lowest)
+                for kw in range(k_last):
+                    max_run(columns, np.uint64(kw * dilation), step, out, None, 0, out_begin, count)
+            if check_ties:
+                suspect = False
                 for j in range(count):
                     value = decode(out[out_begin + np.uint64(j)])
-                    if value == 0 or value != value:
-                        out[out_begin + np.uint64(j)] = _border_max(
-                            first + j, row_offset, row_inside, starts, lowest, source, axes,
-                            taps, tap_offsets)
+                    suspect |= (value == 0) | (value != value)
+                if suspect:
+                    for j in range(count):
+                        value = decode(out[out_begin + np.uint64(j)])
+                        if value == 0 or value != value:
+                            out[out_begin + np.uint64(j)] = _border_max(
+                                first + j, row_offset, row_inside, starts, lowest, source, axes,
+                                taps, tap_offsets)
 
+    @njit(parallel=True, **OPTIONS)
+    def column_driver(x, y, lowest, check_ties, axes, taps, tap_offsets, block, chunks):
+        units = unit_count(x.shape[0], axes, block)
+        for chunk in prange(chunks):
+            unit_begin, unit_end = chunk_units(chunk, chunks, units)
+            column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps,
+                         tap_offsets, block)
 
-@njit(parallel=True, **OPTIONS)
-def max_pool_columns(x, y, lowest, check_ties, axes, taps, tap_offsets, block, chunks):
-    units = unit_count(x.shape[0], axes, block)
-    for chunk in prange(chunks):
-        unit_begin, unit_end = chunk_units(chunk, chunks, units)
-        max_pool_columns_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps,
-                               tap_offsets, block)
+    return column_units, column_driver
