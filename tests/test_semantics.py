@@ -152,11 +152,14 @@ def _round_once(values, dtype):
     return out
 
 
+@pytest.mark.parametrize("length", [4, 2048, 2049])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, np.float64])
-def test_global_sums_equal_the_in_order_sum(dtype):
+def test_global_sums_equal_the_in_order_sum(dtype, length):
     # Channels where the order of a float64 sum changes the rounded result: 2**60 + 1 - 2**60
     # is 0 in order; large terms that cancel; means within a few float64 steps of halfway
-    # between two results; zeros of both signs; infinities and NaN.
+    # between two results; zeros of both signs; infinities and NaN. Zeros pad the four
+    # values to the channel's length: short channels (bounded a block at a time) and long
+    # ones, on both sides of global_.SHORT_CHANNEL.
     rng = np.random.default_rng(7)
     huge = 2.0 ** 60 if dtype != np.float16 else 2.0 ** 15
     channels = [[huge, 1.0, -huge, 2.0 ** -24], [1.0, -huge, huge, 2.0 ** -24],
@@ -167,10 +170,14 @@ def test_global_sums_equal_the_in_order_sum(dtype):
         channels.append(list(rng.choice([-1.0, 1.0], 4) * scale * rng.integers(1, 2 ** 11, 4)))
         base = rng.standard_normal(3)
         channels.append([*base, -base.sum() + rng.choice([0.0, 2.0 ** -40, -2.0 ** -50])])
-    x = np.array(channels, np.float64).astype(dtype).reshape(1, len(channels), 2, 2)
-    wide = x.astype(np.float64).reshape(len(channels), 4)
+    padded = np.zeros((len(channels), length))
+    padded[:, :4] = channels
+    x = padded.astype(dtype).reshape(1, len(channels), length)
+    # The padding's terms are +0, which leave an in-order total as it is (it starts at +0,
+    # so it is never -0): only the four values are added here.
+    wide = x.astype(np.float64)[0, :, :4]
     for op, term, finish in [
-            ("average", lambda v: v, lambda total: total / 4),
+            ("average", lambda v: v, lambda total: total / length),
             ("p=1", abs, lambda total: total), ("p=2", lambda v: v * v, np.sqrt),
             ("p=3", lambda v: abs(v) ** 3, lambda total: total ** (1 / 3))]:
         expected = []
