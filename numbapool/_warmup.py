@@ -44,8 +44,9 @@ def _windows():
     for depth, height, width, step in window.FIXED_WINDOWS:
         kernel = [height, width] if depth == 1 else [depth, height, width]
         yield kernel, [1] * (len(kernel) - 1) + [step], None
-    generic = (2, 1)  # not in COLUMN_WINDOWS: the kernel for any other window
-    for width, step in window.COLUMN_WINDOWS + (generic,):
+    for width, step in window.COLUMN_KINDS:
+        # width 0: a window outside COLUMN_WINDOWS (4 wide); step 0: any other step (3)
+        width, step = width or 4, step or 3
         for rank in (2, 3):
             yield [3] * (rank - 1) + [width], [1] * (rank - 1) + [step], None
 

@@ -111,7 +111,7 @@ def test_warmup_reaches_every_windowed_kernel():
               "           window.sum_pool_units]\n"
               "for fixed in window.FIXED_WINDOWS.values():\n"
               "    kernels += list(fixed)\n"
-              "for width, step in window.COLUMN_WINDOWS + ((0, 0),):\n"
+              "for width, step in window.COLUMN_KINDS:\n"
               "    for outer_axes in (False, True):\n"
               "        kernels += list(window.columns_kernels(width, step, outer_axes))\n"
               "print(sorted(k.py_func.__name__ for k in kernels if not k.signatures))\n")

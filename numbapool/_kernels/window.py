@@ -858,17 +858,19 @@ def _column_windows(columns, target, base, count, width, step):
 
 
 # Last-axis windows (width, step), undilated, whose taps columns_kernels takes in one loop
-# body; other windows take theirs one run at a time.
+# body; other windows take theirs one run at a time, at a constant step where it is 1 or 2
+# (width 0), else at any step (0, 0).
 COLUMN_WINDOWS = ((3, 2), (3, 1), (2, 2))
+COLUMN_KINDS = COLUMN_WINDOWS + ((0, 1), (0, 2), (0, 0))
 
 
 @functools.lru_cache(maxsize=None)
 def columns_kernels(window_width, window_step, outer_axes):
     """(units, driver) of MaxPool without Indices taken input rows first, for one kind of
     window: ``window_width`` taps at ``window_step`` along the last axis (a pair of
-    COLUMN_WINDOWS, or 0, 0 for any other window), and ``outer_axes`` whether there are
-    three or more spatial axes. Each kind compiles only its own loops, so that a first
-    call compiles one of them, not all."""
+    COLUMN_KINDS: width 0 for any window outside COLUMN_WINDOWS, step 0 for any step), and
+    ``outer_axes`` whether there are three or more spatial axes. Each kind compiles only
+    its own loops, so that a first call compiles one of them, not all."""
 
     @njit(**OPTIONS)
     def column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps,
@@ -954,7 +956,13 @@ def columns_kernels(window_width, window_step, outer_axes):
             else:
                 start_maxima(out, None, out_begin, count, lowest)
                 for kw in range(k_last):
-                    max_run(columns, np.uint64(kw * dilation), step, out, None, 0, out_begin, count)
+                    # the step a constant where the kind has one: a loop that vectorizes
+                    if window_step:
+                        _max_run(columns, np.uint64(kw * dilation), np.uint64(window_step),
+                                 out, out_begin, count)
+                    else:
+                        _max_run(columns, np.uint64(kw * dilation), step, out, out_begin,
+                                 count)
             if check_ties:
                 suspect = False
                 for j in range(count):
