@@ -220,8 +220,8 @@ def scaling(threads: int, rounds: int) -> str:
     return "\n".join(lines)
 
 
-# Windows whose first call is timed: one taking the kernel for any window, and the resnet
-# stem's, which has a kernel of its own (window.COLUMN_WINDOWS)
+# Windows whose first call is timed: one taking the kernel for any window at step 1, and
+# the resnet stem's, which has a kernel of its own (window.COLUMN_WINDOWS)
 FIRST_CALL_WINDOWS = {"2x2 stride 1": "[2, 2]",
                       "3x3 stride 2 pads 1": "[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]"}
 
