@@ -208,9 +208,7 @@ def _specialized(plan: WindowPlan):
     elif plan.op == "MaxPool" and rank >= 2:
         # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
         check_ties = plan.dtype.kind not in "iu"
-        kind = (plan.kernel_shape[-1], plan.strides[-1])
-        if plan.dilations[-1] != 1 or kind not in window.COLUMN_WINDOWS:
-            kind = (0, plan.strides[-1] if plan.strides[-1] in (1, 2) else 0)
+        kind = window.column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1])
         special = (*window.columns_kernels(*kind, rank >= 3),
                    (lowest_value(plan.dtype), check_ties, g["axes"], g["taps"],
                     g["tap_offsets"]))

@@ -182,8 +182,8 @@ def reordered_units(begin, end, x, y, p, p_kind):
     blocks of up to PIECE elements, which stay in the nearest cache: the block's
     magnitudes are bounded in one cheap pass, then each channel is summed, its loop first
     asking for the memory ahead (prefetch_ahead); a long channel adds its magnitudes in
-    its summing loop. LpPool's terms
-    |x| ** p are never negative: their sum is its own bound."""
+    its summing loop. LpPool's terms |x| ** p are never negative: their sum is its own
+    bound."""
     flat = x.reshape(x.size)
     size = np.uint64(x.shape[1])
     count = np.float64(x.shape[1])  # the divisor, converted once

@@ -864,6 +864,14 @@ COLUMN_WINDOWS = ((3, 2), (3, 1), (2, 2))
 COLUMN_KINDS = COLUMN_WINDOWS + ((0, 1), (0, 2), (0, 0))
 
 
+def column_kind(width, step, dilation):
+    """The kind in COLUMN_KINDS that serves a last-axis window of ``width`` taps
+    ``dilation`` apart, at ``step``."""
+    if dilation == 1 and (width, step) in COLUMN_WINDOWS:
+        return width, step
+    return 0, step if step in (1, 2) else 0
+
+
 @functools.lru_cache(maxsize=None)
 def columns_kernels(window_width, window_step, outer_axes):
     """(units, driver) of MaxPool without Indices taken input rows first, for one kind of
