@@ -69,6 +69,28 @@ def test_threads_block_and_program_setting():
     assert numbapool.get_num_threads() == numba.get_num_threads()
 
 
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two numba threads")
+def test_a_parallel_call_runs_on_numbapools_count_and_restores_numbas():
+    from numbapool import _threads
+
+    numbapool.global_average_pool(X)  # numba's threads are running
+    numba_before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        with numbapool.threads(2):
+            entered = _threads.enter_parallel(numbapool.get_num_threads())
+            assert entered is not None
+            try:
+                assert numba.get_num_threads() == 2  # what the kernel's prange will use
+            finally:
+                _threads.leave_parallel(entered)
+            assert numba.get_num_threads() == 1
+        numbapool.set_num_threads(None)  # None: numba's own setting of this thread
+        assert numbapool.get_num_threads() == 1
+    finally:
+        numba.set_num_threads(numba_before)
+
+
 @pytest.mark.parametrize("bad, error", [(0, ValueError), (10**6, ValueError), ("2", TypeError),
                                         (1.5, TypeError)])
 def test_bad_thread_counts_name_the_value(bad, error):
