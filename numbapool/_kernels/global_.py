@@ -154,23 +154,21 @@ def in_order_sum(flat, base, size, p, p_kind):
 
 
 @njit(inline="always")
-def store_if_proven(total, magnitudes, count, p, p_kind, y, nc):
-    """Store channel nc's result from ``total``, its terms' sum in another order, if that
-    is provably the in-order result: two float64 sums of the same n terms in different
-    orders differ by at most 2 (n - 1) 2**-53 times the sum of the terms' magnitudes (of
-    which ``magnitudes`` is an upper bound), and the division (or root) and the rounding
-    to y's dtype never reverse an order. So if both ends of that interval give one result,
-    the in-order sum gives it too. Returns whether it stored."""
+def proven_result(total, magnitudes, count, p, p_kind, y):
+    """(channel's result from ``total``, its terms' sum in another order; whether that is
+    provably the in-order result). Two float64 sums of the same n terms in different orders
+    differ by at most 2 (n - 1) 2**-53 times the sum of the terms' magnitudes (of which
+    ``magnitudes`` is an upper bound), and the division (or root) and the rounding to y's
+    dtype never reverse an order. So if both ends of that interval give one result, the
+    in-order sum gives it too."""
     # 4 n 2**-53: twice the bound, so that rounding in the ends themselves is covered
     slack = 4.0 * count * EPSILON * magnitudes
     low = _finish(total - slack, count, p, p_kind, y)
     high = _finish(total + slack, count, p, p_kind, y)
     # Left to the in-order scan: a zero result (it compares equal to the other zero), and
     # a bound that is not finite (16-bit results compare as bits, where NaN equals NaN).
-    if low == high and (low != 0 or magnitudes == 0) and magnitudes < np.inf:
-        y[nc] = low
-        return True
-    return False
+    # Bitwise, not short-circuit, so that a block's checks vectorize.
+    return low, (low == high) & ((low != 0) | (magnitudes == 0)) & (magnitudes < np.inf)
 
 
 @njit(**OPTIONS)
@@ -181,33 +179,42 @@ def reordered_units(begin, end, x, y, p, p_kind):
     Averages need the sum of the terms' magnitudes for the proof. Short channels go in
     blocks of up to PIECE elements, which stay in the nearest cache: the block's
     magnitudes are bounded in one cheap pass, then each channel is summed, its loop first
-    asking for the memory ahead (prefetch_ahead); a long channel adds its magnitudes in
-    its summing loop. LpPool's terms |x| ** p are never negative: their sum is its own
-    bound."""
+    asking for the memory ahead (prefetch_ahead), and the block's proofs are checked side
+    by side; a long channel adds its magnitudes in its summing loop. LpPool's terms
+    |x| ** p are never negative: their sum is its own bound."""
     flat = x.reshape(x.size)
     size = np.uint64(x.shape[1])
     count = np.float64(x.shape[1])  # the divisor, converted once
     short = x.shape[1] <= SHORT_CHANNEL
     per_block = min(GROUP, PIECE // x.shape[1]) if short else 1
+    totals = np.empty(per_block, np.float64)
     magnitudes = 0.0
     for first in range(begin, end, per_block):
-        last = min(first + per_block, end)
+        channels = min(per_block, end - first)
         if p_kind == 0 and short:
             magnitudes = magnitudes_bound(flat, np.uint64(first) * size,
-                                          np.uint64(last - first) * size)
-        for nc in range(first, last):
-            base = np.uint64(nc) * size
+                                          np.uint64(channels) * size)
+        for k in range(channels):
+            base = np.uint64(first + k) * size
             if short:
                 prefetch_ahead(flat, base, size)
-                total = reordered_sum(flat, base, size, p, p_kind)
+                totals[k] = reordered_sum(flat, base, size, p, p_kind)
             elif p_kind == 0:
-                total, magnitudes = reordered_sums(flat, base, size)
+                totals[k], magnitudes = reordered_sums(flat, base, size)
             else:
-                total = reordered_sum(flat, base, size, p, p_kind)
-            if p_kind != 0:
-                magnitudes = total
-            if not store_if_proven(total, magnitudes, count, p, p_kind, y, nc):
-                y[nc] = _finish(in_order_sum(flat, base, size, p, p_kind), count, p, p_kind, y)
+                totals[k] = reordered_sum(flat, base, size, p, p_kind)
+        unproven = 0
+        for k in range(channels):
+            bound = magnitudes if p_kind == 0 else totals[k]
+            y[first + k], proven = proven_result(totals[k], bound, count, p, p_kind, y)
+            unproven += 0 if proven else 1
+        if unproven == 0:
+            continue
+        for k in range(channels):  # rare: the channels the proof leaves, summed in order
+            bound = magnitudes if p_kind == 0 else totals[k]
+            if not proven_result(totals[k], bound, count, p, p_kind, y)[1]:
+                total = in_order_sum(flat, np.uint64(first + k) * size, size, p, p_kind)
+                y[first + k] = _finish(total, count, p, p_kind, y)
 
 
 @njit(**OPTIONS)
