@@ -6,7 +6,7 @@ the timed body, and ``timeraw_`` measures import plus a first call in a fresh pr
 
 import numba
 
-from numbapool._cases import CASES, CASES_BY_NAME, make_input, run
+from numbapool._cases import CASES, CASES_BY_NAME, make_input, runner
 
 CASE_NAMES = [case.name for case in CASES]
 THREADS = sorted({1, numba.config.NUMBA_NUM_THREADS})
@@ -21,13 +21,14 @@ class Pooling:
         self.case = CASES_BY_NAME[name]
         self.x = make_input(self.case.shape, self.case.dtype)
         numba.set_num_threads(threads)
-        run(self.case, self.x)  # compile (or load from the disk cache) before timing
+        self.call = runner(self.case, self.x)
+        self.call()  # compile (or load from the disk cache) before timing
 
     def time_call(self, name, threads):
-        run(self.case, self.x)
+        self.call()
 
     def peakmem_call(self, name, threads):
-        run(self.case, self.x)
+        self.call()
 
 
 class FirstCall:

@@ -19,7 +19,7 @@ import time
 import numba
 import numpy as np
 
-from ._cases import CASES, CASES_BY_NAME, SCALING_CASES, Case, make_input, run
+from ._cases import CASES, CASES_BY_NAME, SCALING_CASES, Case, make_input, run, runner
 
 BLOCK_SECONDS = 0.025
 
@@ -142,7 +142,7 @@ def measure(case: Case, threads: int, rounds: int, bandwidth: float) -> dict:
     x = make_input(case.shape, case.dtype)
     outputs = run(case, x)  # compiles, and gives the bytes written
     bytes_moved = x.nbytes + sum(o.nbytes for o in outputs)
-    engines = {"numbapool": lambda: run(case, x), **_peer_runners(case, x, threads)}
+    engines = {"numbapool": runner(case, x), **_peer_runners(case, x, threads)}
     times = {name: [] for name in engines}
     order = list(engines)
     for r in range(rounds):
@@ -206,12 +206,13 @@ def scaling(threads: int, rounds: int) -> str:
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for case in SCALING_CASES:
         x = make_input(case.shape, case.dtype)
-        run(case, x)
+        call = runner(case, x)
+        call()
         times = {1: [], threads: []}
         for r in range(rounds):
             for count in ((1, threads) if r % 2 else (threads, 1)):
                 numba.set_num_threads(count)
-                times[count].append(_timed_block(lambda: run(case, x)))
+                times[count].append(_timed_block(call))
         numba.set_num_threads(threads)
         speedup = statistics.median(a / b for a, b in zip(times[1], times[threads]))
         one, many = (1e3 * statistics.median(times[c]) for c in (1, threads))
