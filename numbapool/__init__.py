@@ -194,11 +194,7 @@ def plan(op, shape, dtype, kernel_shape, **attributes):
 
 def _global(op: str, x, p: float = 2.0):
     x = _as_array(x)
-    dtype = _plan.check_dtype(op, x.dtype)
-    out_shape = _plan.global_out_shape(op, x.shape)
-    for axis, size in enumerate(x.shape[2:]):
-        if size == 0:
-            raise ValueError(f"{op}: spatial axis {axis} is empty (input shape {x.shape})")
+    dtype, out_shape = _plan.global_plan(op, x.shape, x.dtype)
     return _dispatch.run_global(op, x, dtype, out_shape, p)
 
 

@@ -380,6 +380,18 @@ def global_out_shape(op: str, shape: tuple) -> tuple:
     return tuple(shape[:2]) + (1,) * rank
 
 
+@functools.lru_cache(maxsize=1024)
+def global_plan(op: str, shape: tuple, dtype: np.dtype) -> tuple:
+    """Validate a global pooling call: (the dtype in native byte order, the output shape).
+    Cached, so that a repeated call does no work here."""
+    native = check_dtype(op, dtype)
+    out_shape = global_out_shape(op, shape)
+    for axis, size in enumerate(shape[2:]):
+        if size == 0:
+            raise ValueError(f"{op}: spatial axis {axis} is empty (input shape {shape})")
+    return native, out_shape
+
+
 # --------------------------------------------------------------------------- MaxUnpool
 
 

@@ -186,11 +186,7 @@ def lp_pool(x, kernel_shape, *, p=2, strides=None, pads=None, auto_pad="NOTSET",
 def _slabs(op: str, x) -> da.Array:
     """``x`` checked, with its inner spatial axes in one chunk each."""
     x = _as_dask(x)
-    _plan.check_dtype(op, x.dtype)
-    _plan.global_out_shape(op, x.shape)
-    for axis, size in enumerate(x.shape[2:]):
-        if size == 0:
-            raise ValueError(f"{op}: spatial axis {axis} is empty (input shape {x.shape})")
+    _plan.global_plan(op, x.shape, x.dtype)
     return x.rechunk({axis: -1 for axis in range(3, x.ndim)})
 
 
