@@ -154,18 +154,18 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     # a small call runs on this thread: its split need not depend on the thread count
     threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
     units, chunks, block, slots, geometry = _launch(plan, threads)
-    entered = _threads.enter_parallel(threads) if chunks else None
-    parallel = entered is not None
+    guarded = _threads.enter_parallel(threads) if chunks else None
+    parallel = guarded is not None
     special = None if return_indices else _specialized(plan)
     try:
         if special is not None and parallel:
-            special[1](rows_in, rows_out, *special[2], block, chunks)
+            special[1](rows_in, rows_out, *special[2], block, chunks, threads)
         elif special is not None:
             special[0](0, units, rows_in, rows_out, *special[2], block)
         elif parallel and plan.op == "MaxPool":
-            window.max_pool(rows_in, rows_out, index_rows, *geometry, chunks)
+            window.max_pool(rows_in, rows_out, index_rows, *geometry, chunks, threads)
         elif parallel:
-            window.sum_pool(rows_in, rows_out, *geometry, chunks)
+            window.sum_pool(rows_in, rows_out, *geometry, chunks, threads)
         elif plan.op != "MaxPool":
             window.sum_pool_units(0, units, rows_in, rows_out, *geometry)
         elif return_indices:
@@ -175,8 +175,8 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
         else:
             window.max_pool_units(0, units, rows_in, rows_out, None, None, None, *geometry)
     finally:
-        if parallel:
-            _threads.leave_parallel(entered)
+        if guarded:
+            _threads.leave_parallel()
     return (y, indices) if return_indices else y
 
 
@@ -228,20 +228,22 @@ def run_global(op: str, x: np.ndarray, dtype: np.dtype, out_shape: tuple, p: flo
         maximum = (rows_in, rows_in.view(bits), rows_out, rows_out.view(bits),
                    bits.type(np.iinfo(bits).max), bits.type(_INF_BITS[dtype]),
                    bits.type(8 * bits.itemsize - 1))
-    entered = _threads.enter_parallel(_threads.get_num_threads())
+    threads = _threads.get_num_threads()
+    guarded = _threads.enter_parallel(threads)
+    parallel = guarded is not None
     try:
-        if op == "GlobalMaxPool" and entered:
-            global_.global_max_pool(*maximum)
+        if op == "GlobalMaxPool" and parallel:
+            global_.global_max_pool(*maximum, threads)
         elif op == "GlobalMaxPool":
             global_.global_max_units(np.int64(0), channels, *maximum)
-        elif entered:
-            global_.global_sum_pool(rows_in, rows_out, float(p), _p_kind(op, p))
+        elif parallel:
+            global_.global_sum_pool(rows_in, rows_out, float(p), _p_kind(op, p), threads)
         else:
             global_.global_sum_units(np.int64(0), channels, rows_in, rows_out, float(p),
                                      _p_kind(op, p))
     finally:
-        if entered:
-            _threads.leave_parallel(entered)
+        if guarded:
+            _threads.leave_parallel()
     return y
 
 

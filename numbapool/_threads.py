@@ -2,8 +2,8 @@
 
 numba's own ``set_num_threads`` applies to the calling thread only; numbapool keeps a
 program-wide count (``set_num_threads``) and a per-block one (``threads``, a context
-variable, so each thread and each asyncio task has its own), and applies the one in force
-around each kernel call, restoring numba's setting afterwards.
+variable, so each thread and each asyncio task has its own), and passes the one in force
+to each parallel kernel, which applies it and restores numba's setting before it returns.
 
 Two threading layers cannot run every parallel region they are given:
 - GNU OpenMP ("omp" from PyPI) kills a child forked from a process that already ran a
@@ -95,10 +95,11 @@ def threading_layer() -> str | None:
         return None
 
 
-def enter_parallel(wanted: int):
-    """Prepare a parallel kernel call on ``wanted`` threads. Returns None when the call must
-    run serially instead, else what ``leave_parallel`` needs to undo: the caller's numba
-    thread count, ``wanted``, and whether this call holds the workqueue lock."""
+def enter_parallel(wanted: int) -> bool | None:
+    """Whether a kernel call on ``wanted`` threads may start a parallel region: None when it
+    must run serially instead, else whether it took the workqueue lock, which
+    ``leave_parallel`` then gives back. The parallel kernel itself sets numba's thread count
+    to ``wanted`` and restores the caller's (_kernels.threads)."""
     if _forked_from_omp or wanted == 1:
         return None
     # Before the first parallel region the layer is not chosen yet and may turn out to be
@@ -106,18 +107,11 @@ def enter_parallel(wanted: int):
     guarded = _is_workqueue() or threading_layer() is None
     if guarded and not _workqueue_busy.acquire(blocking=False):
         return None
-    before = _numba_threads()
-    if before != wanted:
-        numba.set_num_threads(wanted)
-    return before, wanted, guarded
+    return guarded
 
 
-def leave_parallel(entered) -> None:
-    before, wanted, guarded = entered
-    if before != wanted:
-        numba.set_num_threads(before)
-    if guarded:
-        _workqueue_busy.release()
+def leave_parallel() -> None:
+    _workqueue_busy.release()
 
 
 def _is_workqueue() -> bool:

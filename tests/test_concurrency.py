@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import numbapool
+from numbapool._kernels.threads import use_threads
 from reference import pool
 
 RNG = np.random.default_rng(5)
@@ -69,24 +70,33 @@ def test_threads_block_and_program_setting():
     assert numbapool.get_num_threads() == numba.get_num_threads()
 
 
-@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two numba threads")
-def test_a_parallel_call_runs_on_numbapools_count_and_restores_numbas():
-    from numbapool import _threads
+@numba.njit(parallel=True)
+def _thread_ids_on(threads, n):
+    """Which numba threads run a prange loop of n steps inside a kernel that asks for
+    ``threads`` as numbapool's parallel kernels do, and numba's count after it."""
+    before = use_threads(threads)
+    ids = np.zeros(n, np.int64)
+    for i in numba.prange(n):
+        ids[i] = numba.get_thread_id()
+    use_threads(before)
+    return ids, numba.get_num_threads()
 
-    numbapool.global_average_pool(X)  # numba's threads are running
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two numba threads")
+def test_a_parallel_kernel_runs_on_the_count_it_is_given_and_restores_numbas():
     numba_before = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
-        with numbapool.threads(2):
-            entered = _threads.enter_parallel(numbapool.get_num_threads())
-            assert entered is not None
-            try:
-                assert numba.get_num_threads() == 2  # what the kernel's prange will use
-            finally:
-                _threads.leave_parallel(entered)
-            assert numba.get_num_threads() == 1
-        numbapool.set_num_threads(None)  # None: numba's own setting of this thread
-        assert numbapool.get_num_threads() == 1
+        ids, after = _thread_ids_on(2, 10_000)
+        assert set(ids) == {0, 1} and after == 1
+        numba.set_num_threads(2)
+        ids, after = _thread_ids_on(1, 10_000)
+        assert set(ids) == {0} and after == 2
+        numba.set_num_threads(1)
+        with numbapool.threads(2):  # and numbapool's calls leave numba's setting alone
+            np.testing.assert_array_equal(numbapool.global_average_pool(X),
+                                          results()["global_average_pool"][0])
+        assert numba.get_num_threads() == 1
     finally:
         numba.set_num_threads(numba_before)
 

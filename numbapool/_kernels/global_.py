@@ -14,6 +14,7 @@ from numba import njit, prange
 
 from .codec import decode, encode
 from .prefetch import prefetch_ahead
+from .threads import use_threads
 from .window import OPTIONS, keeps, lp_root, lp_term
 
 # Contiguous runs of channels per parallel chunk: the loops live in plain functions, which
@@ -32,13 +33,15 @@ EPSILON = np.finfo(np.float64).eps / 2
 
 
 @njit(parallel=True, **OPTIONS)
-def global_max_pool(x, bits, y, y_bits, magnitude_mask, inf_bits, sign_shift):
+def global_max_pool(x, bits, y, y_bits, magnitude_mask, inf_bits, sign_shift, threads):
     """The first largest element of each channel, bit for bit; a NaN gives the first NaN."""
     chunks = min(x.shape[0], CHUNKS)
+    before = use_threads(threads)
     for chunk in prange(chunks):
         begin, end = x.shape[0] * chunk // chunks, x.shape[0] * (chunk + 1) // chunks
         global_max_units(np.int64(begin), np.int64(end), x, bits, y, y_bits, magnitude_mask,
                          inf_bits, sign_shift)
+    use_threads(before)
 
 
 @njit(inline="always")
@@ -88,12 +91,14 @@ def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, s
 
 
 @njit(parallel=True, **OPTIONS)
-def global_sum_pool(x, y, p, p_kind):
+def global_sum_pool(x, y, p, p_kind, threads):
     """GlobalAveragePool (p_kind 0) and GlobalLpPool (p_kind 1, 2, 3)."""
     chunks = min(x.shape[0], CHUNKS)
+    before = use_threads(threads)
     for chunk in prange(chunks):
         begin, end = x.shape[0] * chunk // chunks, x.shape[0] * (chunk + 1) // chunks
         global_sum_units(np.int64(begin), np.int64(end), x, y, p, p_kind)
+    use_threads(before)
 
 
 @njit(inline="always")

@@ -29,6 +29,7 @@ from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INDEX_STRIDE, AXI
                      AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE)
 from .._cache import CACHE_DIRECTORY
 from .codec import accumulator_array, as_accumulator, decode, encode
+from .threads import use_threads
 
 OPTIONS = dict(cache=CACHE_DIRECTORY is not None, nogil=True)
 
@@ -258,7 +259,7 @@ def start_maxima(target, target_taps, base, count, lowest):
 
 @njit(parallel=True, **OPTIONS)
 def max_pool(x, y, indices, lowest, axes, taps, tap_offsets, tap_outputs, lead_rows, block,
-             slots, chunks):
+             slots, chunks, threads):
     """Max over each window; the first NaN wins, ties go to the first maximum in the scan.
 
     ``y`` receives the winning element itself (bit for bit), or ``lowest`` for a window
@@ -267,6 +268,7 @@ def max_pool(x, y, indices, lowest, axes, taps, tap_offsets, tap_outputs, lead_r
     numba compiles, so each case gets loops of its own.
     """
     units = unit_count(x.shape[0], axes, block)
+    before = use_threads(threads)
     for chunk in prange(chunks):
         unit_begin, unit_end = chunk_units(chunk, chunks, units)
         if indices is None:
@@ -276,6 +278,7 @@ def max_pool(x, y, indices, lowest, axes, taps, tap_offsets, tap_outputs, lead_r
             max_pool_units(unit_begin, unit_end, x, y, indices, np.empty(block, np.int64),
                            np.empty(max(slots, 1) * block, np.int64), lowest, axes, taps,
                            tap_offsets, tap_outputs, lead_rows, block, slots)
+    use_threads(before)
 
 
 # The loops live in a plain function that the parallel driver calls: inside numba's
@@ -510,16 +513,18 @@ def _three_row_means(rows, row_bases, out, out_begin, first, count, divisor_coun
 
 @njit(parallel=True, **OPTIONS)
 def sum_pool(x, y, p, p_kind, zero, axes, taps, tap_offsets, tap_outputs, lead_rows,
-             divisor_counts, block, slots, chunks):
+             divisor_counts, block, slots, chunks, threads):
     """AveragePool (p_kind 0) and LpPool (p_kind 1, 2, 3) over each window's taps inside the
     input, accumulated in the type of ``zero`` (float32 or float64). AveragePool divides by
     the product over axes of ``divisor_counts``; a divisor of 0 (a window with no tap
     inside) gives 0."""
     units = unit_count(x.shape[0], axes, block)
+    before = use_threads(threads)
     for chunk in prange(chunks):
         unit_begin, unit_end = chunk_units(chunk, chunks, units)
         sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_offsets,
                        tap_outputs, lead_rows, divisor_counts, block, slots)
+    use_threads(before)
 
 
 @njit(**OPTIONS)
@@ -731,11 +736,13 @@ def fixed_window_kernels(depth, height, width, step):
                     o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets)
 
     @njit(parallel=True, **OPTIONS)
-    def max_driver(x, y, lowest, axes, taps, tap_offsets, block, chunks):
+    def max_driver(x, y, lowest, axes, taps, tap_offsets, block, chunks, threads):
         units = unit_count(x.shape[0], axes, block)
+        before = use_threads(threads)
         for chunk in prange(chunks):
             unit_begin, unit_end = chunk_units(chunk, chunks, units)
             max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block)
+        use_threads(before)
 
     @njit(**OPTIONS)
     def sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts, block):
@@ -775,11 +782,13 @@ def fixed_window_kernels(depth, height, width, step):
                 out[np.uint64(out_first + o)] = encode(mean if divisor > 0 else zero, y)
 
     @njit(parallel=True, **OPTIONS)
-    def sum_driver(x, y, axes, taps, tap_offsets, divisor_counts, block, chunks):
+    def sum_driver(x, y, axes, taps, tap_offsets, divisor_counts, block, chunks, threads):
         units = unit_count(x.shape[0], axes, block)
+        before = use_threads(threads)
         for chunk in prange(chunks):
             unit_begin, unit_end = chunk_units(chunk, chunks, units)
             sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts, block)
+        use_threads(before)
 
     return max_units, max_driver, sum_units, sum_driver
 
@@ -985,11 +994,14 @@ def columns_kernels(window_width, window_step, outer_axes):
                                 taps, tap_offsets)
 
     @njit(parallel=True, **OPTIONS)
-    def column_driver(x, y, lowest, check_ties, axes, taps, tap_offsets, block, chunks):
+    def column_driver(x, y, lowest, check_ties, axes, taps, tap_offsets, block, chunks,
+                      threads):
         units = unit_count(x.shape[0], axes, block)
+        before = use_threads(threads)
         for chunk in prange(chunks):
             unit_begin, unit_end = chunk_units(chunk, chunks, units)
             column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps,
                          tap_offsets, block)
+        use_threads(before)
 
     return column_units, column_driver
