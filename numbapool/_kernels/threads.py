@@ -2,10 +2,9 @@
 
 A parallel kernel sets the count numbapool chose for the call on entry and gives numba's
 back on exit, so no Python runs around the call for it (numba.get_num_threads and
-numba.set_num_threads take a process-wide lock and go through ctypes: microseconds per call,
-docs/performance.md). These call the threading layer's own get_num_threads and
-set_num_threads, the functions numba's prange loops call themselves; numba's jitted
-versions of the two are not cacheable.
+numba.set_num_threads take a process-wide lock and go through ctypes on every call). These
+call the threading layer's own get_num_threads and set_num_threads, the functions numba's
+prange loops call themselves; numba's jitted versions of the two are not cacheable.
 """
 
 from llvmlite import ir
