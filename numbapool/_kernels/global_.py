@@ -172,7 +172,7 @@ def proven_result(total, magnitudes, count, p, p_kind, y):
     high = _finish(total + slack, count, p, p_kind, y)
     # Left to the in-order scan: a zero result (it compares equal to the other zero), and
     # a bound that is not finite (16-bit results compare as bits, where NaN equals NaN).
-    # Bitwise, not short-circuit, so that a block's checks vectorize.
+    # Bitwise, not short-circuit: no branch per condition in a block's loop of checks.
     return low, (low == high) & ((low != 0) | (magnitudes == 0)) & (magnitudes < np.inf)
 
 
@@ -184,8 +184,8 @@ def reordered_units(begin, end, x, y, p, p_kind):
     Averages need the sum of the terms' magnitudes for the proof. Short channels go in
     blocks of up to PIECE elements, which stay in the nearest cache: the block's
     magnitudes are bounded in one cheap pass, then each channel is summed, its loop first
-    asking for the memory ahead (prefetch_ahead), and the block's proofs are checked side
-    by side; a long channel adds its magnitudes in its summing loop. LpPool's terms
+    asking for the memory ahead (prefetch_ahead), and then the block's proofs are checked
+    in one loop; a long channel adds its magnitudes in its summing loop. LpPool's terms
     |x| ** p are never negative: their sum is its own bound."""
     flat = x.reshape(x.size)
     size = np.uint64(x.shape[1])
