@@ -195,6 +195,36 @@ def test_global_sums_equal_the_in_order_sum(dtype, length):
         assert got.reshape(-1).tobytes() == expected.tobytes(), op
 
 
+def test_a_sum_called_exact_is_exact_in_every_order():
+    # global_.sum_is_exact lets a mean halfway between two results skip the in-order sum.
+    # Its bound: 2**53 float32 spacings at the smallest nonzero magnitude, here 1 + 2**-23,
+    # whose spacing is 2**-23, so 2**30. 2**30 - 64 + (1 + 2**-23) needs 53 bits; 2**30 +
+    # (1 + 2**-23) needs 54 and rounds in float64.
+    from numbapool._kernels.global_ import sum_is_exact
+
+    rng = np.random.default_rng(3)
+    small = 1 + 2.0 ** -23
+    channels = [([2.0 ** 30 - 64, small, 0.0, -0.0], True), ([2.0 ** 30, small, 0.0, -0.0], False),
+                ([-(2.0 ** 29), small, -(2.0 ** 29) + 64, 0.0], True)]
+    for _ in range(200):  # values over a wide range of exponents, some exact, some not
+        scale = 2.0 ** rng.integers(-40, 40, 4)
+        channels.append(((rng.standard_normal(4) * scale).astype(np.float32), None))
+    called_exact = 0
+    for values, expected in channels:
+        values = np.array(values, np.float32)
+        magnitudes = sum(Fraction(float(abs(v))) for v in values)
+        exact = sum_is_exact(values, np.uint64(0), np.uint64(4), float(magnitudes))
+        assert expected is None or exact == expected, values
+        called_exact += exact
+        if exact:
+            for order in (values, values[::-1], values[[2, 0, 3, 1]]):
+                total = 0.0
+                for value in order:  # in float64, in this order
+                    total += float(value)
+                assert Fraction(total) == sum(Fraction(float(v)) for v in values), values
+    assert 3 < called_exact < len(channels) - 3  # the check tells the two kinds apart
+
+
 @pytest.mark.parametrize("strides", [[1, 1], [2, 2], [1, 2, 1]])
 @pytest.mark.parametrize("count_include_pad", [0, 1])
 def test_window_sums_in_the_stated_order(strides, count_include_pad):

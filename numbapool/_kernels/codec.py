@@ -47,7 +47,7 @@ def _bfloat16_bits_to_float32(typingctx, bits):
 
 
 @intrinsic
-def _float32_bits(typingctx, value):
+def float32_bits(typingctx, value):
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.IntType(32))
 
@@ -90,7 +90,7 @@ def _encode_overload(value, out):
     if dtype == types.int16:
 
         def to_bfloat16(value, out):
-            bits = _float32_bits(narrow_to_float32(value))
+            bits = float32_bits(narrow_to_float32(value))
             if value != value:  # a quiet NaN that keeps the sign
                 return _low_16_bits_as_int16((bits >> np.uint32(16)) | np.uint32(0x0040))
             # round to nearest, ties to even, on the 16 bits that are dropped
@@ -123,7 +123,7 @@ def _narrow_to_float32_overload(value):
             nearest = np.float32(value)
             if np.float64(nearest) == value or value != value:
                 return nearest
-            bits = _float32_bits(nearest)
+            bits = float32_bits(nearest)
             if abs(np.float64(nearest)) > abs(value):
                 bits -= np.uint32(1)  # step toward zero: the truncated value
             return _float32_from_bits(bits | np.uint32(1))

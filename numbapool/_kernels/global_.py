@@ -4,15 +4,18 @@ Sums accumulate in float64 whatever the dtype: a channel may hold millions of el
 A channel's result is that of adding its terms in order. Where the result is rounded to a
 narrower dtype, the terms are first added in whatever order vectorizes, with a bound on how
 far that sum can lie from the in-order one; when every sum within the bound rounds to the
-same result, that result is the in-order one, and only the other channels are summed again
-in order. Otherwise channels are scanned GROUP at a time, element i of each in step, so that
+same result, that result is the in-order one. Of the other channels, a mean whose sum is
+exact in float64 in every order (sum_is_exact) keeps it; the rest are summed again in order.
+Otherwise channels are scanned GROUP at a time, element i of each in step, so that
 the independent in-order scans vectorize.
 """
+
+import math
 
 import numpy as np
 from numba import njit, prange
 
-from .codec import decode, encode
+from .codec import decode, encode, float32_bits
 from .prefetch import prefetch_ahead
 from .threads import use_threads
 from .window import OPTIONS, keeps, lp_root, lp_term
@@ -30,6 +33,8 @@ PIECE = 4096
 SHORT_CHANNEL = PIECE // 2
 # 2**-53, the unit roundoff of float64
 EPSILON = np.finfo(np.float64).eps / 2
+# A float32's bits less its sign
+MAGNITUDE_BITS = np.uint32(0x7FFFFFFF)
 
 
 @njit(parallel=True, **OPTIONS)
@@ -159,21 +164,52 @@ def in_order_sum(flat, base, size, p, p_kind):
 
 
 @njit(inline="always")
-def proven_result(total, magnitudes, count, p, p_kind, y):
+def result_at(total, inverse, p, p_kind, y):
+    """The rounded result a sum of ``total`` gives: a mean as a product with 1 / n, which
+    vectorizes where a division does not (the proof's slack covers its rounding)."""
+    if p_kind == 0:
+        return encode(total * inverse, y)
+    return encode(lp_root(total, p, p_kind), y)
+
+
+@njit(inline="always")
+def proven_result(total, bound, count, inverse, p, p_kind, y):
     """(channel's result from ``total``, its terms' sum in another order; whether that is
-    provably the in-order result). Two float64 sums of the same n terms in different orders
-    differ by at most 2 (n - 1) 2**-53 times the sum of the terms' magnitudes (of which
-    ``magnitudes`` is an upper bound), and the division (or root) and the rounding to y's
-    dtype never reverse an order. So if both ends of that interval give one result, the
-    in-order sum gives it too."""
-    # 4 n 2**-53: twice the bound, so that rounding in the ends themselves is covered
-    slack = 4.0 * count * EPSILON * magnitudes
-    low = _finish(total - slack, count, p, p_kind, y)
-    high = _finish(total + slack, count, p, p_kind, y)
-    # Left to the in-order scan: a zero result (it compares equal to the other zero), and
-    # a bound that is not finite (16-bit results compare as bits, where NaN equals NaN).
-    # Bitwise, not short-circuit: no branch per condition in a block's loop of checks.
-    return low, (low == high) & ((low != 0) | (magnitudes == 0)) & (magnitudes < np.inf)
+    provably the in-order result), with ``bound`` at least the sum of the terms' magnitudes.
+
+    Two float64 sums of the same n terms in different orders differ by at most
+    2 (n - 1) 2**-53 ``bound``, and the mean (or root) and the rounding to y's dtype never
+    reverse an order: if both ends of that interval give one result, the in-order sum
+    gives it too. The slack is twice that, plus 8 2**-53 ``bound`` for the rounding of the
+    ends and of their product with the rounded 1 / n."""
+    slack = 4.0 * (count + 1.0) * EPSILON * bound
+    low = result_at(total - slack, inverse, p, p_kind, y)
+    high = result_at(total + slack, inverse, p, p_kind, y)
+    # Left to the in-order scan: a zero result (it compares equal to the other zero) unless
+    # every term is zero, and a bound that is not finite (16-bit results compare as bits,
+    # where NaN equals NaN). Bitwise, not short-circuit: the block's loop of checks has no
+    # branch, and vectorizes.
+    return low, (low == high) & ((low != 0) | (bound == 0)) & (bound < np.inf)
+
+
+@njit(**OPTIONS)
+def sum_is_exact(flat, base, size, bound):
+    """Whether every float64 sum of the channel's terms, in any order, is exact, and so
+    equal to the in-order one; ``bound`` is at least the sum of their magnitudes.
+
+    Every element is a multiple of the float32 spacing at the smallest nonzero magnitude
+    (float16 and bfloat16 elements are float32 values too): if ``bound`` is at most 2**53
+    of those spacings, so is every partial sum, which float64 then holds exactly. The
+    smallest magnitude is an integer minimum over the float32 bits less one (zero wraps to
+    the largest), which vectorizes: cheap next to an in-order sum, whose additions wait
+    on each other. True of most channels whose mean lies halfway between two results."""
+    smallest = np.uint64(0xFFFFFFFFFFFFFFFF)
+    for i in range(size):
+        bits = float32_bits(np.float32(decode(flat[base + np.uint64(i)])))
+        smallest = min(smallest, np.uint64(bits & MAGNITUDE_BITS) - np.uint64(1))
+    exponent = np.int64((smallest + np.uint64(1)) >> np.uint64(23))
+    # the spacing at a float32 of biased exponent e is 2**(max(e, 1) - 150)
+    return bound <= math.ldexp(1.0, max(exponent, 1) - 150 + 53)
 
 
 @njit(**OPTIONS)
@@ -185,11 +221,12 @@ def reordered_units(begin, end, x, y, p, p_kind):
     blocks of up to PIECE elements, which stay in the nearest cache: the block's
     magnitudes are bounded in one cheap pass, then each channel is summed, its loop first
     asking for the memory ahead (prefetch_ahead), and then the block's proofs are checked
-    in one loop; a long channel adds its magnitudes in its summing loop. LpPool's terms
-    |x| ** p are never negative: their sum is its own bound."""
+    in one loop, which vectorizes; a long channel adds its magnitudes in its summing loop.
+    LpPool's terms |x| ** p are never negative: their sum is its own bound."""
     flat = x.reshape(x.size)
     size = np.uint64(x.shape[1])
     count = np.float64(x.shape[1])  # the divisor, converted once
+    inverse = 1.0 / count
     short = x.shape[1] <= SHORT_CHANNEL
     per_block = min(GROUP, PIECE // x.shape[1]) if short else 1
     totals = np.empty(per_block, np.float64)
@@ -208,20 +245,28 @@ def reordered_units(begin, end, x, y, p, p_kind):
                 totals[k], magnitudes = reordered_sums(flat, base, size)
             else:
                 totals[k] = reordered_sum(flat, base, size, p, p_kind)
-        unproven = 0
+        # unsigned indices: no wraparound of negative ones to check, so the loop vectorizes
+        out = np.uint64(first)
+        unproven = False
         for k in range(channels):
             bound = magnitudes if p_kind == 0 else totals[k]
-            y[first + k], proven = proven_result(totals[k], bound, count, p, p_kind, y)
-            unproven += 0 if proven else 1
-        if unproven == 0:
+            y[out + np.uint64(k)], proven = proven_result(totals[k], bound, count, inverse, p,
+                                                          p_kind, y)
+            unproven |= not proven
+        if not unproven:
             continue
-        # Rare: the channels the proof leaves, summed in order. Their proofs are checked
-        # again rather than kept from the loop above: keeping them measured slower.
+        # Rare: the channels the proof leaves. Their proofs are checked again rather than
+        # kept from the loop above: keeping them measured slower.
         for k in range(channels):
             bound = magnitudes if p_kind == 0 else totals[k]
-            if not proven_result(totals[k], bound, count, p, p_kind, y)[1]:
-                total = in_order_sum(flat, np.uint64(first + k) * size, size, p, p_kind)
-                y[first + k] = _finish(total, count, p, p_kind, y)
+            if proven_result(totals[k], bound, count, inverse, p, p_kind, y)[1]:
+                continue
+            base = np.uint64(first + k) * size
+            if p_kind == 0 and bound < np.inf and sum_is_exact(flat, base, size, bound):
+                total = totals[k]
+            else:
+                total = in_order_sum(flat, base, size, p, p_kind)
+            y[first + k] = _finish(total, count, p, p_kind, y)
 
 
 @njit(**OPTIONS)
