@@ -192,12 +192,6 @@ def plan(op, shape, dtype, kernel_shape, **attributes):
     return _plan.window_plan(op, tuple(shape), np.dtype(dtype), kernel_shape, **attributes)
 
 
-def _global(op: str, x, p: float = 2.0):
-    x = _as_array(x)
-    dtype, out_shape = _plan.global_plan(op, x.shape, x.dtype)
-    return _dispatch.run_global(op, x, dtype, out_shape, p)
-
-
 _GLOBAL_DOC = """ONNX {op}: the {what} of each channel over all spatial axes.
 
     Parameters
@@ -216,15 +210,15 @@ _GLOBAL_DOC = """ONNX {op}: the {what} of each channel over all spatial axes.
 
 
 def global_max_pool(x):
-    return _global("GlobalMaxPool", x)
+    return _dispatch.run_global("GlobalMaxPool", x)
 
 
 def global_average_pool(x):
-    return _global("GlobalAveragePool", x)
+    return _dispatch.run_global("GlobalAveragePool", x)
 
 
 def global_lp_pool(x, *, p=2):
-    return _global("GlobalLpPool", x, _plan.check_p(p))
+    return _dispatch.run_global("GlobalLpPool", x, _plan.check_p(p))
 
 
 global_max_pool.__doc__ = _GLOBAL_DOC.format(

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _threads
 from ._kernels import global_, unpool, window
-from ._plan import BFLOAT16, UnpoolPlan, WindowPlan, window_extents
+from ._plan import BFLOAT16, GlobalPlan, UnpoolPlan, WindowPlan, global_plan, window_extents
 
 # 16-bit floats reach numba as their bit patterns; see _kernels/codec.py.
 _STORAGE = {np.dtype(np.float16): np.dtype(np.uint16), BFLOAT16: np.dtype(np.int16)}
@@ -216,31 +216,53 @@ def _specialized(plan: WindowPlan):
     return special
 
 
-def run_global(op: str, x: np.ndarray, dtype: np.dtype, out_shape: tuple, p: float = 2.0):
-    y = np.empty(out_shape, dtype=dtype)
-    if y.size == 0:
+def _global_launch(plan: GlobalPlan) -> tuple:
+    """(parallel kernel, serial kernel, their trailing arguments, the storage dtype of
+    16-bit floats or None, the dtype of the bits GlobalMaxPool compares or None) for this
+    plan, which keeps it."""
+    storage = _STORAGE.get(plan.dtype)
+    if plan.op == "GlobalMaxPool":
+        bits = _SIGNED_BITS[plan.dtype.itemsize]
+        launch = (global_.global_max_pool, global_.global_max_units,
+                  (bits.type(np.iinfo(bits).max), bits.type(_INF_BITS[plan.dtype]),
+                   bits.type(8 * bits.itemsize - 1)), storage, bits)
+    else:
+        launch = (global_.global_sum_pool, global_.global_sum_units,
+                  (float(plan.p), _p_kind(plan.op, plan.p)), storage, None)
+    plan.launches["global"] = launch
+    return launch
+
+
+def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
+    """A global pooling call from the public function to the kernel.
+
+    A repeated call runs only this function's lines: each step is paid again per call, and
+    after a large call has streamed through the caches each Python call it makes costs
+    microseconds, so the steps are few and inline (measured in docs/performance.md)."""
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    plan = global_plan(op, x.shape, x.dtype, p)
+    launch = plan.launches.get("global") or _global_launch(plan)
+    parallel_kernel, serial_kernel, constants, storage, bits = launch
+    y = np.empty(plan.out_shape, dtype=plan.dtype)
+    if not plan.rows[0]:
         return y
-    rows_in = channel_rows(x, dtype)
-    rows_out = as_storage(y.reshape(-1), dtype)
-    channels = np.int64(rows_in.shape[0])
-    if op == "GlobalMaxPool":
-        bits = _SIGNED_BITS[rows_in.dtype.itemsize]
-        maximum = (rows_in, rows_in.view(bits), rows_out, rows_out.view(bits),
-                   bits.type(np.iinfo(bits).max), bits.type(_INF_BITS[dtype]),
-                   bits.type(8 * bits.itemsize - 1))
+    # a view when x is C-ordered and native; otherwise one copy, which leaves x as it was
+    rows_in = np.ascontiguousarray(x, dtype=plan.dtype).reshape(plan.rows)
+    rows_out = y.reshape(plan.rows[0])
+    if storage is not None:
+        rows_in, rows_out = rows_in.view(storage), rows_out.view(storage)
+    if bits is None:
+        arrays = (rows_in, rows_out)
+    else:  # the maximum runs over the bits as signed integers (global_.global_max_units)
+        arrays = (rows_in, rows_in.view(bits), rows_out, rows_out.view(bits))
     threads = _threads.get_num_threads()
     guarded = _threads.enter_parallel(threads)
-    parallel = guarded is not None
     try:
-        if op == "GlobalMaxPool" and parallel:
-            global_.global_max_pool(*maximum, threads)
-        elif op == "GlobalMaxPool":
-            global_.global_max_units(np.int64(0), channels, *maximum)
-        elif parallel:
-            global_.global_sum_pool(rows_in, rows_out, float(p), _p_kind(op, p), threads)
+        if guarded is None:
+            serial_kernel(np.int64(0), np.int64(plan.rows[0]), *arrays, *constants)
         else:
-            global_.global_sum_units(np.int64(0), channels, rows_in, rows_out, float(p),
-                                     _p_kind(op, p))
+            parallel_kernel(*arrays, *constants, threads)
     finally:
         if guarded:
             _threads.leave_parallel()

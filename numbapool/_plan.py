@@ -374,22 +374,33 @@ def region_plan(plan: WindowPlan, region_shape: tuple, pads: tuple, first_output
 # --------------------------------------------------------------------------- global pools
 
 
-def global_out_shape(op: str, shape: tuple) -> tuple:
-    """(N, C, 1, ..., 1): one value per channel."""
-    rank = check_rank(op, shape)
-    return tuple(shape[:2]) + (1,) * rank
+@dataclass(frozen=True)
+class GlobalPlan:
+    """A global pooling call, validated: one output per channel."""
+
+    op: str  # "GlobalMaxPool", "GlobalAveragePool" or "GlobalLpPool"
+    dtype: np.dtype  # in native byte order
+    out_shape: tuple  # (N, C, 1, ..., 1)
+    rows: tuple  # (N*C, elements per channel): the input as the kernels see it
+    p: float = 2.0
+
+    @functools.cached_property
+    def launches(self) -> dict:
+        """How a call of this plan is launched; filled by _dispatch, kept here so that a
+        repeated call finds it without hashing the plan."""
+        return {}
 
 
 @functools.lru_cache(maxsize=1024)
-def global_plan(op: str, shape: tuple, dtype: np.dtype) -> tuple:
-    """Validate a global pooling call: (the dtype in native byte order, the output shape).
-    Cached, so that a repeated call does no work here."""
+def global_plan(op: str, shape: tuple, dtype: np.dtype, p: float = 2.0) -> GlobalPlan:
+    """Validate a global pooling call. Cached, so that a repeated call does no work here."""
     native = check_dtype(op, dtype)
-    out_shape = global_out_shape(op, shape)
+    rank = check_rank(op, shape)
     for axis, size in enumerate(shape[2:]):
         if size == 0:
             raise ValueError(f"{op}: spatial axis {axis} is empty (input shape {shape})")
-    return native, out_shape
+    return GlobalPlan(op, native, tuple(shape[:2]) + (1,) * rank,
+                      (shape[0] * shape[1], math.prod(shape[2:])), p)
 
 
 # --------------------------------------------------------------------------- MaxUnpool

@@ -28,6 +28,7 @@ _block_threads: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "numbapool_threads", default=None)
 _forked_from_omp = False
 _workqueue_busy = threading.Lock()
+_takes_lock: bool | None = None  # see _find_whether_lock_is_taken
 
 
 def _check_count(n) -> int:
@@ -102,9 +103,7 @@ def enter_parallel(wanted: int) -> bool | None:
     to ``wanted`` and restores the caller's (_kernels.threads)."""
     if _forked_from_omp or wanted == 1:
         return None
-    # Before the first parallel region the layer is not chosen yet and may turn out to be
-    # workqueue, so the lock is taken then too.
-    guarded = _is_workqueue() or threading_layer() is None
+    guarded = _takes_lock if _takes_lock is not None else _find_whether_lock_is_taken()
     if guarded and not _workqueue_busy.acquire(blocking=False):
         return None
     return guarded
@@ -114,8 +113,15 @@ def leave_parallel() -> None:
     _workqueue_busy.release()
 
 
-def _is_workqueue() -> bool:
-    return numba.config.THREADING_LAYER == "workqueue" or threading_layer() == "workqueue"
+def _find_whether_lock_is_taken() -> bool:
+    """Whether parallel regions take the workqueue lock; remembered once numba's threading
+    layer is chosen, which it is for the life of the process."""
+    global _takes_lock
+    layer = threading_layer()
+    if layer is None:  # not chosen yet: it may turn out to be workqueue
+        return True
+    _takes_lock = layer == "workqueue" or numba.config.THREADING_LAYER == "workqueue"
+    return _takes_lock
 
 
 def _after_fork_in_child() -> None:
