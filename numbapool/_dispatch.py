@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _threads
 from ._kernels import global_, unpool, window
-from ._plan import BFLOAT16, GlobalPlan, UnpoolPlan, WindowPlan, global_plan, window_extents
+from ._plan import BFLOAT16, UnpoolPlan, WindowPlan, global_plan, window_extents
 
 # 16-bit floats reach numba as their bit patterns; see _kernels/codec.py.
 _STORAGE = {np.dtype(np.float16): np.dtype(np.uint16), BFLOAT16: np.dtype(np.int16)}
@@ -30,6 +30,10 @@ _MAX_ROW_SLOTS = 64
 _SIGNED_BITS = {2: np.dtype(np.int16), 4: np.dtype(np.int32), 8: np.dtype(np.int64)}
 _INF_BITS = {np.dtype(np.float16): 0x7C00, BFLOAT16: 0x7F80, np.dtype(np.float32): 0x7F800000,
              np.dtype(np.float64): 0x7FF0000000000000}
+
+# Global pooling calls seen, keyed by (op, shape, dtype, p): see _global_call
+_GLOBAL_CALLS: dict = {}
+_MAX_GLOBAL_CALLS = 1024
 
 
 def storage_dtype(dtype: np.dtype) -> np.dtype:
@@ -216,40 +220,44 @@ def _specialized(plan: WindowPlan):
     return special
 
 
-def _global_launch(plan: GlobalPlan) -> tuple:
-    """(parallel kernel, serial kernel, their trailing arguments, the storage dtype of
-    16-bit floats or None, the dtype of the bits GlobalMaxPool compares or None) for this
-    plan, which keeps it."""
+def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
+    """What a valid global pooling call with these arguments needs besides its arrays:
+    (out_shape, dtype, rows, parallel kernel, serial kernel, their trailing arguments, the
+    storage dtype of 16-bit floats or None, the dtype of the bits GlobalMaxPool compares
+    or None). Validates, and keeps the answer for the next call."""
+    plan = global_plan(op, shape, dtype, p)
     storage = _STORAGE.get(plan.dtype)
-    if plan.op == "GlobalMaxPool":
+    if op == "GlobalMaxPool":
         bits = _SIGNED_BITS[plan.dtype.itemsize]
-        launch = (global_.global_max_pool, global_.global_max_units,
-                  (bits.type(np.iinfo(bits).max), bits.type(_INF_BITS[plan.dtype]),
-                   bits.type(8 * bits.itemsize - 1)), storage, bits)
+        kernels = (global_.global_max_pool, global_.global_max_units,
+                   (bits.type(np.iinfo(bits).max), bits.type(_INF_BITS[plan.dtype]),
+                    bits.type(8 * bits.itemsize - 1)), storage, bits)
     else:
-        launch = (global_.global_sum_pool, global_.global_sum_units,
-                  (float(plan.p), _p_kind(plan.op, plan.p)), storage, None)
-    plan.launches["global"] = launch
-    return launch
+        kernels = (global_.global_sum_pool, global_.global_sum_units,
+                   (float(p), _p_kind(op, p)), storage, None)
+    if len(_GLOBAL_CALLS) >= _MAX_GLOBAL_CALLS:  # shapes that never repeat: stay bounded
+        _GLOBAL_CALLS.clear()
+    call = _GLOBAL_CALLS[op, shape, dtype, p] = (plan.out_shape, plan.dtype, plan.rows) + kernels
+    return call
 
 
 def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     """A global pooling call from the public function to the kernel.
 
     A repeated call runs only this function's lines: each step is paid again per call, and
-    after a large call has streamed through the caches each Python call it makes costs
-    microseconds, so the steps are few and inline (measured in docs/performance.md)."""
+    after a large call has streamed through the caches each step costs about a
+    microsecond, so the steps are few: one lookup finds all that does not depend on the
+    arrays (docs/performance.md)."""
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)
-    plan = global_plan(op, x.shape, x.dtype, p)
-    launch = plan.launches.get("global") or _global_launch(plan)
-    parallel_kernel, serial_kernel, constants, storage, bits = launch
-    y = np.empty(plan.out_shape, dtype=plan.dtype)
-    if not plan.rows[0]:
+    call = _GLOBAL_CALLS.get((op, x.shape, x.dtype, p)) or _global_call(op, x.shape, x.dtype, p)
+    out_shape, dtype, rows, parallel_kernel, serial_kernel, constants, storage, bits = call
+    y = np.empty(out_shape, dtype)
+    if not rows[0]:
         return y
     # a view when x is C-ordered and native; otherwise one copy, which leaves x as it was
-    rows_in = np.ascontiguousarray(x, dtype=plan.dtype).reshape(plan.rows)
-    rows_out = y.reshape(plan.rows[0])
+    rows_in = np.ascontiguousarray(x, dtype).reshape(rows)
+    rows_out = y.reshape(rows[0])
     if storage is not None:
         rows_in, rows_out = rows_in.view(storage), rows_out.view(storage)
     if bits is None:
@@ -260,7 +268,7 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     guarded = _threads.enter_parallel(threads)
     try:
         if guarded is None:
-            serial_kernel(np.int64(0), np.int64(plan.rows[0]), *arrays, *constants)
+            serial_kernel(np.int64(0), np.int64(rows[0]), *arrays, *constants)
         else:
             parallel_kernel(*arrays, *constants, threads)
     finally:

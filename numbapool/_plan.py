@@ -384,16 +384,9 @@ class GlobalPlan:
     rows: tuple  # (N*C, elements per channel): the input as the kernels see it
     p: float = 2.0
 
-    @functools.cached_property
-    def launches(self) -> dict:
-        """How a call of this plan is launched; filled by _dispatch, kept here so that a
-        repeated call finds it without hashing the plan."""
-        return {}
 
-
-@functools.lru_cache(maxsize=1024)
 def global_plan(op: str, shape: tuple, dtype: np.dtype, p: float = 2.0) -> GlobalPlan:
-    """Validate a global pooling call. Cached, so that a repeated call does no work here."""
+    """Validate a global pooling call (_dispatch keeps what a valid one needs per call)."""
     native = check_dtype(op, dtype)
     rank = check_rank(op, shape)
     for axis, size in enumerate(shape[2:]):
