@@ -65,9 +65,10 @@ def lowest_value(dtype: np.dtype):
 
 
 def _launch(plan: WindowPlan, threads: int) -> tuple:
-    """(units, chunks, block, slots, geometry) for this plan on ``threads`` threads:
-    ``geometry`` is the kernel's trailing arguments. Kept on the plan, so a repeated call
-    does no work here."""
+    """(units, chunks, block, slots, geometry, calls) for this plan on ``threads`` threads:
+    ``geometry`` is the generic kernels' trailing arguments; ``calls`` is (serial kernel,
+    its trailing arguments, parallel kernel, its trailing arguments) for a call without
+    Indices. Kept on the plan, so a repeated call does no work here."""
     try:
         return plan.launches[threads]
     except KeyError:
@@ -81,7 +82,15 @@ def _launch(plan: WindowPlan, threads: int) -> tuple:
         geometry = (plan.p, _p_kind(plan.op, plan.p), _sum_zero(plan), g["axes"], g["taps"],
                     g["tap_offsets"], g["tap_outputs"], g["lead_rows"], g["divisor_counts"],
                     block, slots)
-    launch = plan.launches[threads] = (units, chunks, block, slots, geometry)
+    special = _specialized(plan)
+    if special is not None:
+        calls = (special[0], (*special[2], block), special[1], (*special[2], block, chunks))
+    elif plan.op == "MaxPool":
+        calls = (window.max_pool_units, (None, None, None, *geometry), window.max_pool,
+                 (None, *geometry, chunks))
+    else:
+        calls = (window.sum_pool_units, geometry, window.sum_pool, (*geometry, chunks))
+    launch = plan.launches[threads] = (units, chunks, block, slots, geometry, calls)
     return launch
 
 
@@ -157,27 +166,19 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     rows_out = as_storage(y.reshape(rows_in.shape[0], -1), plan.dtype)
     # a small call runs on this thread: its split need not depend on the thread count
     threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
-    units, chunks, block, slots, geometry = _launch(plan, threads)
+    units, chunks, block, slots, geometry, calls = _launch(plan, threads)
     guarded = _threads.enter_parallel(threads) if chunks else None
-    parallel = guarded is not None
-    special = None if return_indices else _specialized(plan)
     try:
-        if special is not None and parallel:
-            special[1](rows_in, rows_out, *special[2], block, chunks, threads)
-        elif special is not None:
-            special[0](0, units, rows_in, rows_out, *special[2], block)
-        elif parallel and plan.op == "MaxPool":
+        if return_indices and guarded is not None:
             window.max_pool(rows_in, rows_out, index_rows, *geometry, chunks, threads)
-        elif parallel:
-            window.sum_pool(rows_in, rows_out, *geometry, chunks, threads)
-        elif plan.op != "MaxPool":
-            window.sum_pool_units(0, units, rows_in, rows_out, *geometry)
         elif return_indices:
             window.max_pool_units(0, units, rows_in, rows_out, index_rows,
                                   np.empty(block, np.int64),
                                   np.empty(max(slots, 1) * block, np.int64), *geometry)
+        elif guarded is None:
+            calls[0](0, units, rows_in, rows_out, *calls[1])
         else:
-            window.max_pool_units(0, units, rows_in, rows_out, None, None, None, *geometry)
+            calls[2](rows_in, rows_out, *calls[3], threads)
     finally:
         if guarded:
             _threads.leave_parallel()
