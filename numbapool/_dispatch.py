@@ -246,9 +246,8 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     """A global pooling call from the public function to the kernel.
 
     A repeated call runs only this function's lines: each step is paid again per call, and
-    after a large call has streamed through the caches each step costs about a
-    microsecond, so the steps are few: one lookup finds all that does not depend on the
-    arrays (docs/performance.md)."""
+    after a large call has streamed through the caches each one runs on cold caches, so
+    the steps are few: one lookup finds all that does not depend on the arrays."""
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)
     call = _GLOBAL_CALLS.get((op, x.shape, x.dtype, p)) or _global_call(op, x.shape, x.dtype, p)
