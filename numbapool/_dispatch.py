@@ -226,7 +226,7 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
     (out_shape, dtype, rows, parallel kernel, serial kernel, their trailing arguments, the
     storage dtype of 16-bit floats or None, the dtype of the bits GlobalMaxPool compares
     or None). Validates, and keeps the answer for the next call."""
-    plan = global_plan(op, shape, dtype, p)
+    plan = global_plan(op, shape, dtype)
     storage = _STORAGE.get(plan.dtype)
     if op == "GlobalMaxPool":
         bits = _SIGNED_BITS[plan.dtype.itemsize]

@@ -378,22 +378,20 @@ def region_plan(plan: WindowPlan, region_shape: tuple, pads: tuple, first_output
 class GlobalPlan:
     """A global pooling call, validated: one output per channel."""
 
-    op: str  # "GlobalMaxPool", "GlobalAveragePool" or "GlobalLpPool"
     dtype: np.dtype  # in native byte order
     out_shape: tuple  # (N, C, 1, ..., 1)
     rows: tuple  # (N*C, elements per channel): the input as the kernels see it
-    p: float = 2.0
 
 
-def global_plan(op: str, shape: tuple, dtype: np.dtype, p: float = 2.0) -> GlobalPlan:
+def global_plan(op: str, shape: tuple, dtype: np.dtype) -> GlobalPlan:
     """Validate a global pooling call (_dispatch keeps what a valid one needs per call)."""
     native = check_dtype(op, dtype)
     rank = check_rank(op, shape)
     for axis, size in enumerate(shape[2:]):
         if size == 0:
             raise ValueError(f"{op}: spatial axis {axis} is empty (input shape {shape})")
-    return GlobalPlan(op, native, tuple(shape[:2]) + (1,) * rank,
-                      (shape[0] * shape[1], math.prod(shape[2:])), p)
+    return GlobalPlan(native, tuple(shape[:2]) + (1,) * rank,
+                      (shape[0] * shape[1], math.prod(shape[2:])))
 
 
 # --------------------------------------------------------------------------- MaxUnpool
