@@ -704,36 +704,89 @@ def _unit_row(unit, unit_begin, nc, positions, starts, axes, block, x, y):
             nc * y.shape[1] + row)
 
 
+# The window's size and step arrive as literal arguments (from the closures of
+# fixed_window_kernels), so that each window compiles loops of its own with them constant.
+@njit(**OPTIONS)
+def fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block, depth,
+                    height, width, step):
+    """MaxPool over units [unit_begin, unit_end) for a depth x height x width window (depth 1:
+    a 2-D window) with no dilation, at this last-axis step."""
+    last, row_length, plane, pad = _fixed_layout(axes)
+    interior = interior_outputs(axes, width)
+    starts, positions, source, out, nc = _first_unit_row(unit_begin, axes, block, x, y)
+    for unit in range(unit_begin, unit_end):
+        nc, first, end, row_offset, row_inside, out_first = _unit_row(
+            unit, unit_begin, nc, positions, starts, axes, block, x, y)
+        lo = hi = end
+        if row_inside:
+            lo, hi = _interior(first, end, interior)
+            for o in range(lo, hi):
+                at = np.uint64(row_offset + o * step - pad)
+                best = lowest
+                for d in range(depth):
+                    for r in range(height):
+                        for w in range(width):
+                            best = _fold_max(best, source[
+                                at + np.uint64(d * plane + r * row_length + w)])
+                out[np.uint64(out_first + o)] = best
+        for o in range(first, lo):
+            out[np.uint64(out_first + o)] = _border_max(
+                o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets)
+        for o in range(hi, end):
+            out[np.uint64(out_first + o)] = _border_max(
+                o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets)
+
+
+@njit(**OPTIONS)
+def fixed_sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts, block,
+                    depth, height, width, step):
+    """AveragePool over units [unit_begin, unit_end), as fixed_max_units."""
+    last, row_length, plane, pad = _fixed_layout(axes)
+    interior = interior_outputs(axes, width)
+    zero = as_accumulator(0, x)
+    starts, positions, source, out, nc = _first_unit_row(unit_begin, axes, block, x, y)
+    for unit in range(unit_begin, unit_end):
+        nc, first, end, row_offset, row_inside, out_first = _unit_row(
+            unit, unit_begin, nc, positions, starts, axes, block, x, y)
+        leading = 1
+        for axis in range(last):
+            leading *= divisor_counts[axis, positions[axis]]
+        lo = hi = end
+        if row_inside:
+            lo, hi = _interior(first, end, interior)
+            for o in range(lo, hi):
+                at = np.uint64(row_offset + o * step - pad)
+                total = zero
+                for d in range(depth):
+                    for r in range(height):
+                        row_sum = zero
+                        for w in range(width):
+                            row_sum += decode(source[
+                                at + np.uint64(d * plane + r * row_length + w)])
+                        total += row_sum
+                divisor = leading * divisor_counts[last, o]
+                out[np.uint64(out_first + o)] = encode(
+                    total / as_accumulator(divisor, x), y)
+        for o in range(first, end):
+            if lo <= o < hi:
+                continue
+            total = _border_sum(o, row_offset, row_inside, starts, zero, source, axes, taps,
+                                tap_offsets, width)
+            divisor = leading * divisor_counts[last, o]
+            mean = total / as_accumulator(max(divisor, 1), x)
+            out[np.uint64(out_first + o)] = encode(mean if divisor > 0 else zero, y)
+
+
 def fixed_window_kernels(depth, height, width, step):
     """(max units, max driver, sum units, sum driver) for a depth x height x width window
-    (depth 1: a 2-D window) with no dilation, and this last-axis step."""
+    (depth 1: a 2-D window) with no dilation, and this last-axis step. Closures over plain
+    numbers only: numba keys a closure's disk-cache entry on its cells' pickled contents,
+    which for a dispatcher differ in every process."""
 
     @njit(**OPTIONS)
     def max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block):
-        last, row_length, plane, pad = _fixed_layout(axes)
-        interior = interior_outputs(axes, width)
-        starts, positions, source, out, nc = _first_unit_row(unit_begin, axes, block, x, y)
-        for unit in range(unit_begin, unit_end):
-            nc, first, end, row_offset, row_inside, out_first = _unit_row(
-                unit, unit_begin, nc, positions, starts, axes, block, x, y)
-            lo = hi = end
-            if row_inside:
-                lo, hi = _interior(first, end, interior)
-                for o in range(lo, hi):
-                    at = np.uint64(row_offset + o * step - pad)
-                    best = lowest
-                    for d in range(depth):
-                        for r in range(height):
-                            for w in range(width):
-                                best = _fold_max(best, source[
-                                    at + np.uint64(d * plane + r * row_length + w)])
-                    out[np.uint64(out_first + o)] = best
-            for o in range(first, lo):
-                out[np.uint64(out_first + o)] = _border_max(
-                    o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets)
-            for o in range(hi, end):
-                out[np.uint64(out_first + o)] = _border_max(
-                    o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets)
+        fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block,
+                        depth, height, width, step)
 
     @njit(parallel=True, **OPTIONS)
     def max_driver(x, y, lowest, axes, taps, tap_offsets, block, chunks, threads):
@@ -741,45 +794,14 @@ def fixed_window_kernels(depth, height, width, step):
         before = use_threads(threads)
         for chunk in prange(chunks):
             unit_begin, unit_end = chunk_units(chunk, chunks, units)
-            max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block)
+            fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block,
+                            depth, height, width, step)
         use_threads(before)
 
     @njit(**OPTIONS)
     def sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts, block):
-        last, row_length, plane, pad = _fixed_layout(axes)
-        interior = interior_outputs(axes, width)
-        zero = as_accumulator(0, x)
-        starts, positions, source, out, nc = _first_unit_row(unit_begin, axes, block, x, y)
-        for unit in range(unit_begin, unit_end):
-            nc, first, end, row_offset, row_inside, out_first = _unit_row(
-                unit, unit_begin, nc, positions, starts, axes, block, x, y)
-            leading = 1
-            for axis in range(last):
-                leading *= divisor_counts[axis, positions[axis]]
-            lo = hi = end
-            if row_inside:
-                lo, hi = _interior(first, end, interior)
-                for o in range(lo, hi):
-                    at = np.uint64(row_offset + o * step - pad)
-                    total = zero
-                    for d in range(depth):
-                        for r in range(height):
-                            row_sum = zero
-                            for w in range(width):
-                                row_sum += decode(source[
-                                    at + np.uint64(d * plane + r * row_length + w)])
-                            total += row_sum
-                    divisor = leading * divisor_counts[last, o]
-                    out[np.uint64(out_first + o)] = encode(
-                        total / as_accumulator(divisor, x), y)
-            for o in range(first, end):
-                if lo <= o < hi:
-                    continue
-                total = _border_sum(o, row_offset, row_inside, starts, zero, source, axes, taps,
-                                    tap_offsets, width)
-                divisor = leading * divisor_counts[last, o]
-                mean = total / as_accumulator(max(divisor, 1), x)
-                out[np.uint64(out_first + o)] = encode(mean if divisor > 0 else zero, y)
+        fixed_sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts,
+                        block, depth, height, width, step)
 
     @njit(parallel=True, **OPTIONS)
     def sum_driver(x, y, axes, taps, tap_offsets, divisor_counts, block, chunks, threads):
@@ -787,7 +809,8 @@ def fixed_window_kernels(depth, height, width, step):
         before = use_threads(threads)
         for chunk in prange(chunks):
             unit_begin, unit_end = chunk_units(chunk, chunks, units)
-            sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts, block)
+            fixed_sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts,
+                            block, depth, height, width, step)
         use_threads(before)
 
     return max_units, max_driver, sum_units, sum_driver
@@ -881,127 +904,136 @@ def column_kind(width, step, dilation):
     return 0, step if step in (1, 2) else 0
 
 
-@functools.lru_cache(maxsize=None)
-def columns_kernels(window_width, window_step, outer_axes):
-    """(units, driver) of MaxPool without Indices taken input rows first, for one kind of
-    window: ``window_width`` taps at ``window_step`` along the last axis (a pair of
-    COLUMN_KINDS: width 0 for any window outside COLUMN_WINDOWS, step 0 for any step), and
-    ``outer_axes`` whether there are three or more spatial axes. Each kind compiles only
-    its own loops, so that a first call compiles one of them, not all."""
+# The kind of window arrives as literal arguments (from the closures of columns_kernels),
+# so that each kind compiles loops of its own with them constant.
+@njit(**OPTIONS)
+def column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps, tap_offsets, block,
+                 window_width, window_step, outer_axes):
+    """MaxPool without Indices, input rows first: the window's input rows are folded
+    element by element into one row of column maxima (contiguous loads, which vectorize),
+    then the last-axis taps are taken once per output row from that row.
 
-    @njit(**OPTIONS)
-    def column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps,
-                     tap_offsets, block):
-        """MaxPool without Indices, input rows first: the window's input rows are folded
-        element by element into one row of column maxima (contiguous loads, which vectorize),
-        then the last-axis taps are taken once per output row from that row.
-
-        That scans a window column by column instead of row by row. The maximum's value is
-        the same either way, and so are its bits unless it is a zero (+0 and -0 compare equal)
-        or a NaN (which NaN comes first depends on the order): with ``check_ties`` (float
-        dtypes) those outputs are taken again in row-major order, so every result is the one
-        docs/semantics.md states. Positions in the padding hold ``lowest``, which never wins
-        against an input element of another value.
-        """
-        last = axes.shape[1] - 1
-        step = np.uint64(axes[AXIS_STRIDE, last])
-        dilation = axes[AXIS_DILATION, last]
-        pad = axes[AXIS_PAD_BEGIN, last]
-        in_last = axes[AXIS_IN, last]
-        k_last = taps[taps.shape[0] - 1, last] + 1
-        lead_count = taps.shape[0] // k_last
-        columns = np.empty((block - 1) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last], x.dtype)
-        row_starts = np.empty(lead_count, np.int64)
-        starts, positions, source, out, nc = _first_unit_row(unit_begin, axes, block, x, y)
-        # Three or more axes: the window's taps along the axes before the last two are first
-        # folded over whole input planes (one long loop per plane), once per run of units that
-        # share them; each output row then folds only its rows of that plane. Only for planes
-        # that fit the scratch limit, and runs that cover several output planes (a plane is
-        # folded whole, even for a run that needs a few of its rows).
-        height = last - 1
-        k_height = taps[taps.shape[0] - 1, height] + 1
-        plane_size = axes[AXIS_IN, height] * in_last
-        plane_units = axes[AXIS_OUT, height] * ((axes[AXIS_OUT, last] + block - 1) // block)
-        planes = plane_size <= PLANE_ELEMENTS and unit_end - unit_begin >= 4 * plane_units
-        planes = outer_axes and planes
-        plane = np.empty(plane_size if planes else 0, x.dtype)
-        plane_key = -1
-        plane_empty = False
-        for unit in range(unit_begin, unit_end):
-            nc, first, end, row_offset, row_inside, out_first = _unit_row(
-                unit, unit_begin, nc, positions, starts, axes, block, x, y)
-            span_start = first * axes[AXIS_STRIDE, last] - pad  # input position of columns[0]
-            span = (end - 1 - first) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last]
-            lo = min(span, max(0, -span_start))  # columns[lo:hi] lie inside the input
-            hi = max(lo, min(span, in_last - span_start))
-            inside_rows = 0
-            # outer_axes first: a constant, so that numba drops the branch before inlining
-            if outer_axes and planes:
-                key = nc
-                for axis in range(height):
-                    key = key * axes[AXIS_OUT, axis] + positions[axis]
-                if key != plane_key:
-                    plane_key = key
-                    plane_empty = not _fold_outer_planes(plane, source, row_offset, starts, axes,
-                                                         taps, tap_offsets, row_starts,
-                                                         k_height * k_last)
-                for row in range(k_height):
-                    h = starts[height] + row * axes[AXIS_DILATION, height]
-                    if not plane_empty and 0 <= h < axes[AXIS_IN, height]:
-                        row_starts[inside_rows] = h * in_last + span_start + lo
-                        inside_rows += 1
-            else:
-                for lead in range(lead_count):
-                    tap = lead * k_last
-                    if row_inside or tap_is_inside(tap, taps, starts, axes, last):
-                        row_starts[inside_rows] = row_offset + tap_offsets[tap] + span_start + lo
-                        inside_rows += 1
-            if inside_rows == 0:
-                lo = hi = 0
-            else:
-                _fold_column_rows(columns, lo, hi, plane if planes else source, row_starts,
-                                  inside_rows)
-            for i in range(lo):
-                columns[np.uint64(i)] = lowest
-            for i in range(hi, span):
-                columns[np.uint64(i)] = lowest
-            count = end - first
-            out_begin = np.uint64(out_first + first)
-            if window_width:
-                _column_windows(columns, out, out_begin, count, window_width,
-                                np.uint64(window_step))
-            else:
-                start_maxima(out, None, out_begin, count, lowest)
-                for kw in range(k_last):
-                    # the step a constant where the kind has one: a loop that vectorizes
-                    if window_step:
-                        _max_run(columns, np.uint64(kw * dilation), np.uint64(window_step),
-                                 out, out_begin, count)
-                    else:
-                        _max_run(columns, np.uint64(kw * dilation), step, out, out_begin,
-                                 count)
-            if check_ties:
-                suspect = False
+    That scans a window column by column instead of row by row. The maximum's value is
+    the same either way, and so are its bits unless it is a zero (+0 and -0 compare equal)
+    or a NaN (which NaN comes first depends on the order): with ``check_ties`` (float
+    dtypes) those outputs are taken again in row-major order, so every result is the one
+    docs/semantics.md states. Positions in the padding hold ``lowest``, which never wins
+    against an input element of another value.
+    """
+    last = axes.shape[1] - 1
+    step = np.uint64(axes[AXIS_STRIDE, last])
+    dilation = axes[AXIS_DILATION, last]
+    pad = axes[AXIS_PAD_BEGIN, last]
+    in_last = axes[AXIS_IN, last]
+    k_last = taps[taps.shape[0] - 1, last] + 1
+    lead_count = taps.shape[0] // k_last
+    columns = np.empty((block - 1) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last], x.dtype)
+    row_starts = np.empty(lead_count, np.int64)
+    starts, positions, source, out, nc = _first_unit_row(unit_begin, axes, block, x, y)
+    # Three or more axes: the window's taps along the axes before the last two are first
+    # folded over whole input planes (one long loop per plane), once per run of units that
+    # share them; each output row then folds only its rows of that plane. Only for planes
+    # that fit the scratch limit, and runs that cover several output planes (a plane is
+    # folded whole, even for a run that needs a few of its rows).
+    height = last - 1
+    k_height = taps[taps.shape[0] - 1, height] + 1
+    plane_size = axes[AXIS_IN, height] * in_last
+    plane_units = axes[AXIS_OUT, height] * ((axes[AXIS_OUT, last] + block - 1) // block)
+    planes = plane_size <= PLANE_ELEMENTS and unit_end - unit_begin >= 4 * plane_units
+    planes = outer_axes and planes
+    plane = np.empty(plane_size if planes else 0, x.dtype)
+    plane_key = -1
+    plane_empty = False
+    for unit in range(unit_begin, unit_end):
+        nc, first, end, row_offset, row_inside, out_first = _unit_row(
+            unit, unit_begin, nc, positions, starts, axes, block, x, y)
+        span_start = first * axes[AXIS_STRIDE, last] - pad  # input position of columns[0]
+        span = (end - 1 - first) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last]
+        lo = min(span, max(0, -span_start))  # columns[lo:hi] lie inside the input
+        hi = max(lo, min(span, in_last - span_start))
+        inside_rows = 0
+        # outer_axes first: a constant, so that numba drops the branch before inlining
+        if outer_axes and planes:
+            key = nc
+            for axis in range(height):
+                key = key * axes[AXIS_OUT, axis] + positions[axis]
+            if key != plane_key:
+                plane_key = key
+                plane_empty = not _fold_outer_planes(plane, source, row_offset, starts, axes,
+                                                     taps, tap_offsets, row_starts,
+                                                     k_height * k_last)
+            for row in range(k_height):
+                h = starts[height] + row * axes[AXIS_DILATION, height]
+                if not plane_empty and 0 <= h < axes[AXIS_IN, height]:
+                    row_starts[inside_rows] = h * in_last + span_start + lo
+                    inside_rows += 1
+        else:
+            for lead in range(lead_count):
+                tap = lead * k_last
+                if row_inside or tap_is_inside(tap, taps, starts, axes, last):
+                    row_starts[inside_rows] = row_offset + tap_offsets[tap] + span_start + lo
+                    inside_rows += 1
+        if inside_rows == 0:
+            lo = hi = 0
+        else:
+            _fold_column_rows(columns, lo, hi, plane if planes else source, row_starts,
+                              inside_rows)
+        for i in range(lo):
+            columns[np.uint64(i)] = lowest
+        for i in range(hi, span):
+            columns[np.uint64(i)] = lowest
+        count = end - first
+        out_begin = np.uint64(out_first + first)
+        if window_width:
+            _column_windows(columns, out, out_begin, count, window_width,
+                            np.uint64(window_step))
+        else:
+            start_maxima(out, None, out_begin, count, lowest)
+            for kw in range(k_last):
+                # the step a constant where the kind has one: a loop that vectorizes
+                if window_step:
+                    _max_run(columns, np.uint64(kw * dilation), np.uint64(window_step),
+                             out, out_begin, count)
+                else:
+                    _max_run(columns, np.uint64(kw * dilation), step, out, out_begin,
+                             count)
+        if check_ties:
+            suspect = False
+            for j in range(count):
+                value = decode(out[out_begin + np.uint64(j)])
+                suspect |= (value == 0) | (value != value)
+            if suspect:
                 for j in range(count):
                     value = decode(out[out_begin + np.uint64(j)])
-                    suspect |= (value == 0) | (value != value)
-                if suspect:
-                    for j in range(count):
-                        value = decode(out[out_begin + np.uint64(j)])
-                        if value == 0 or value != value:
-                            out[out_begin + np.uint64(j)] = _border_max(
-                                first + j, row_offset, row_inside, starts, lowest, source, axes,
-                                taps, tap_offsets)
+                    if value == 0 or value != value:
+                        out[out_begin + np.uint64(j)] = _border_max(
+                            first + j, row_offset, row_inside, starts, lowest, source, axes,
+                            taps, tap_offsets)
+
+
+@functools.lru_cache(maxsize=None)
+def columns_kernels(window_width, window_step, outer_axes):
+    """(units, driver) of MaxPool without Indices taken input rows first (column_units), for
+    one kind of window: ``window_width`` taps at ``window_step`` along the last axis (a pair of
+    COLUMN_KINDS: width 0 for any window outside COLUMN_WINDOWS, step 0 for any step), and
+    ``outer_axes`` whether there are three or more spatial axes. Each kind compiles only
+    its own loops, so that a first call compiles one of them, not all. Closures over plain
+    numbers only, as fixed_window_kernels."""
+
+    @njit(**OPTIONS)
+    def units_of_kind(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps, tap_offsets,
+                      block):
+        column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps, tap_offsets,
+                     block, window_width, window_step, outer_axes)
 
     @njit(parallel=True, **OPTIONS)
-    def column_driver(x, y, lowest, check_ties, axes, taps, tap_offsets, block, chunks,
-                      threads):
+    def driver(x, y, lowest, check_ties, axes, taps, tap_offsets, block, chunks, threads):
         units = unit_count(x.shape[0], axes, block)
         before = use_threads(threads)
         for chunk in prange(chunks):
             unit_begin, unit_end = chunk_units(chunk, chunks, units)
             column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps,
-                         tap_offsets, block)
+                         tap_offsets, block, window_width, window_step, outer_axes)
         use_threads(before)
 
-    return column_units, column_driver
+    return units_of_kind, driver
