@@ -6,6 +6,7 @@ the timed body, and ``timeraw_`` measures import plus a first call in a fresh pr
 
 import numba
 
+from numbapool._bench import FIRST_CALL_INPUT, FIRST_CALLS
 from numbapool._cases import CASES, CASES_BY_NAME, make_input, runner
 
 CASE_NAMES = [case.name for case in CASES]
@@ -32,14 +33,16 @@ class Pooling:
 
 
 class FirstCall:
-    """Import and the first max_pool in a fresh process (the disk cache warm after one run)."""
+    """Import and each operator's first call in a fresh process, on an input that takes the
+    parallel kernels (numbapool._bench.FIRST_CALLS); the disk cache is warm after the first
+    repeat. ``python -m numbapool bench --first-call`` also times it on an empty cache."""
 
+    params = list(FIRST_CALLS)
+    param_names = ["call"]
     repeat = 3
     number = 1
+    timeout = 600
 
-    def timeraw_import_and_first_max_pool(self):
-        return """
-import numpy as np
-import numbapool
-numbapool.max_pool(np.ones((1, 3, 8, 8), np.float32), [2, 2], strides=[2, 2])
-"""
+    def timeraw_import_and_first_call(self, name):
+        return (f"import numpy as np\nimport numbapool\nx = {FIRST_CALL_INPUT}\n"
+                f"{FIRST_CALLS[name]}\n")

@@ -221,44 +221,84 @@ def scaling(threads: int, rounds: int) -> str:
     return "\n".join(lines)
 
 
-# Windows whose first call is timed: one taking the kernel for any window at step 1, and
-# the resnet stem's, which has a kernel of its own (window.COLUMN_WINDOWS)
-FIRST_CALL_WINDOWS = {"2x2 stride 1": "[2, 2]",
-                      "3x3 stride 2 pads 1": "[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]"}
+# First calls timed in fresh processes: each operator (and each kind of MaxPool kernel) on
+# an input large enough for the parallel kernels, as a user's first call usually is.
+FIRST_CALL_INPUT = "np.random.default_rng(0).standard_normal((2, 16, 96, 96)).astype(np.float32)"
+FIRST_CALLS = {
+    "MaxPool 3x3 s2 pads 1": "numbapool.max_pool(x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1])",
+    "MaxPool 2x2 s2": "numbapool.max_pool(x, [2, 2], strides=[2, 2])",
+    "MaxPool 3x3 float16": "numbapool.max_pool(x.astype(np.float16), [3, 3], strides=[2, 2])",
+    "MaxPool 3x3 uint8": "numbapool.max_pool((x * 40).astype(np.uint8), [3, 3])",
+    "MaxPool 3x3x3 (3-D)": "numbapool.max_pool(x.reshape(2, 16, 16, 24, 24), [3, 3, 3], "
+                           "strides=[2, 2, 2])",
+    "MaxPool with Indices": "numbapool.max_pool(x, [3, 3], strides=[2, 2], return_indices=True)",
+    "AveragePool 3x3": "numbapool.average_pool(x, [3, 3], pads=[1, 1, 1, 1])",
+    "AveragePool 2x2 s2 float64": "numbapool.average_pool(x.astype(np.float64), [2, 2], "
+                                  "strides=[2, 2])",
+    "LpPool p=3": "numbapool.lp_pool(x, [3, 3], p=3)",
+    "GlobalMaxPool": "numbapool.global_max_pool(x)",
+    "GlobalAveragePool": "numbapool.global_average_pool(x)",
+    "GlobalLpPool": "numbapool.global_lp_pool(x)",
+    "MaxUnpool": "numbapool.max_unpool(x, np.arange(x.size).reshape(x.shape), [2, 2], "
+                 "strides=[2, 2])",
+}
 
 
-def first_call(repeats: int = 3) -> str:
-    """Seconds for a fresh process to import numbapool and run its first max_pool, per
-    window in FIRST_CALL_WINDOWS: with an empty on-disk cache (compiling the kernel), and
-    with that cache warm."""
+def _fresh_process(cache_dir: str, script: str) -> str:
     import os
     import subprocess
     import sys
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True)
+    if result.returncode:
+        raise RuntimeError(f"a fresh process failed:\n{result.stderr[-2000:]}")
+    return result.stdout
+
+
+def _cache_megabytes(cache_dir: str) -> float:
+    import os
+
+    return sum(os.path.getsize(os.path.join(d, name)) for d, _, names in os.walk(cache_dir)
+               for name in names) / 1e6
+
+
+def first_call(calls=None, warmup: bool = True) -> str:
+    """Per operator, in fresh processes on a cache of its own: seconds to import numbapool
+    and for the first call, with the cache empty (compiling) and then warm, and the cache's
+    size after each; then ``numbapool.warmup`` of every operator in float32 (every kind of
+    kernel the dispatcher chooses, in one dtype), likewise."""
     import tempfile
 
-    def seconds(cache_dir, window):
-        script = ("import time; t = time.perf_counter(); import numpy as np, numbapool; "
-                  f"numbapool.max_pool(np.ones((1, 3, 8, 8), np.float32), {window}); "
+    script = ("import time; t = time.perf_counter(); import numpy as np, numbapool; "
+              f"i = time.perf_counter() - t; x = {FIRST_CALL_INPUT}; t = time.perf_counter(); "
+              "{call}; print(i, time.perf_counter() - t)")
+    lines = ["| first call, fresh process | import s (empty / warm) | first call s, empty cache "
+             "| cache MB | first call s, warm cache | cache MB |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name in calls or FIRST_CALLS:
+        with tempfile.TemporaryDirectory() as cache_dir:
+            runs = []
+            for _ in range(2):
+                out = _fresh_process(cache_dir, script.format(call=FIRST_CALLS[name]))
+                runs.append([float(v) for v in out.split()[-2:]] + [_cache_megabytes(cache_dir)])
+        (cold_import, cold, cold_mb), (warm_import, warm, warm_mb) = runs
+        lines.append(f"| {name} | {cold_import:.2f} / {warm_import:.2f} | {cold:.2f} "
+                     f"| {cold_mb:.1f} | {warm:.3f} | {warm_mb:.1f} |")
+        print(f"  first call {name}: done", flush=True)
+    if warmup:
+        script = ("import time; t = time.perf_counter(); import numbapool; "
+                  "numbapool.warmup(dtypes=['float32'], progress=False); "
                   "print(time.perf_counter() - t)")
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
-        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                             text=True, check=True).stdout
-        return float(out)
-
-    cold = {name: [] for name in FIRST_CALL_WINDOWS}
-    warm = {name: [] for name in FIRST_CALL_WINDOWS}
-    for _ in range(repeats):
-        for name, window in FIRST_CALL_WINDOWS.items():
-            with tempfile.TemporaryDirectory() as cache_dir:
-                cold[name].append(seconds(cache_dir, window))
-                warm[name].append(seconds(cache_dir, window))
-    header = " | ".join(FIRST_CALL_WINDOWS)
-    return (f"| first call (fresh process: import + first max_pool), seconds | {header} |\n"
-            "| --- |" + " ---: |" * len(FIRST_CALL_WINDOWS) + "\n"
-            "| empty cache (compiles) | "
-            + " | ".join(f"{statistics.median(cold[n]):.2f}" for n in FIRST_CALL_WINDOWS)
-            + " |\n| warm cache | "
-            + " | ".join(f"{statistics.median(warm[n]):.2f}" for n in FIRST_CALL_WINDOWS) + " |")
+        with tempfile.TemporaryDirectory() as cache_dir:
+            runs = []
+            for _ in range(2):
+                runs.append((float(_fresh_process(cache_dir, script).split()[-1]),
+                             _cache_megabytes(cache_dir)))
+        lines.append(f"| warmup, every operator in float32 (import included) | | {runs[0][0]:.1f} "
+                     f"| {runs[0][1]:.1f} | {runs[1][0]:.2f} | {runs[1][1]:.1f} |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -270,13 +310,17 @@ def main(argv=None) -> int:
                         help="only these cases: " + ", ".join(repr(c.name) for c in CASES))
     parser.add_argument("--plot", metavar="PNG", help="also draw the ratios into this file")
     parser.add_argument("--scaling", action="store_true",
-                        help="instead: numbapool at 1 and N threads, over sizes, and first call")
+                        help="instead: numbapool at 1 and N threads, over sizes")
+    parser.add_argument("--first-call", action="store_true",
+                        help="instead: each operator's first call in fresh processes, on an "
+                             "empty and a warm cache, and warmup of float32")
     args = parser.parse_args(argv)
     rounds = 5 if args.quick else 25
     if args.scaling:
         numba.set_num_threads(args.threads)
         print(scaling(args.threads, rounds))
-        print()
+        return 0
+    if args.first_call:
         print(first_call())
         return 0
     cases = CASES

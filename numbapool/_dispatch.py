@@ -48,7 +48,16 @@ def channel_rows(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """
     # ascontiguousarray returns the array itself when it is already C-ordered and of dtype
     rows = np.ascontiguousarray(array, dtype=dtype).reshape(array.shape[0] * array.shape[1], -1)
-    return as_storage(rows, dtype)
+    return as_storage(read_only(rows), dtype)
+
+
+def read_only(view: np.ndarray) -> np.ndarray:
+    """``view`` (a view of its own, never the caller's array) marked read-only, as every
+    kernel receives its inputs: numba compiles a kernel once per argument type, and passes
+    a writable array where a read-only one is expected but not the reverse, so one compiled
+    kernel serves writable and read-only inputs alike."""
+    view.flags.writeable = False
+    return view
 
 
 def as_storage(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -256,7 +265,7 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     if not rows[0]:
         return y
     # a view when x is C-ordered and native; otherwise one copy, which leaves x as it was
-    rows_in = np.ascontiguousarray(x, dtype).reshape(rows)
+    rows_in = read_only(np.ascontiguousarray(x, dtype).reshape(rows))
     rows_out = y.reshape(rows[0])
     if storage is not None:
         rows_in, rows_out = rows_in.view(storage), rows_out.view(storage)
@@ -301,8 +310,9 @@ def run_unpool(plan: UnpoolPlan, x: np.ndarray, indices: np.ndarray):
     y = np.zeros(plan.out_shape, dtype=plan.dtype)
     if x.size == 0:
         return y
-    flat_x = as_storage(np.ascontiguousarray(x, dtype=plan.dtype).reshape(-1), plan.dtype)
-    flat_indices = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+    flat_x = as_storage(read_only(np.ascontiguousarray(x, dtype=plan.dtype).reshape(-1)),
+                        plan.dtype)
+    flat_indices = read_only(np.ascontiguousarray(indices, dtype=np.int64).reshape(-1))
     rows_out = as_storage(y.reshape(plan.out_shape[0] * plan.out_shape[1], -1), plan.dtype)
     g = plan.geometry
     unpool.max_unpool(flat_x, flat_indices, rows_out, g["default_spatial"], g["out_strides"])

@@ -53,8 +53,12 @@ def _windows():
 
 def _exercise(op: str, dtype: np.dtype) -> None:
     """Call ``op`` on a small input and on one big enough for the parallel kernel (more
-    than 2**15 output-taps), which compiles both entry points of each kernel it reaches."""
+    than 2**15 output-taps), which compiles both entry points of each kernel it reaches;
+    the global pools also on one thread (their serial entry point) and, for the sums, the
+    kernels that numbapool.dask continues and finishes them with."""
     import numbapool
+
+    from . import _dispatch
 
     for side in (4, 128):
         if op in ("MaxPool", "AveragePool", "LpPool"):
@@ -70,15 +74,19 @@ def _exercise(op: str, dtype: np.dtype) -> None:
                     numbapool.lp_pool(x, kernel, strides=strides, pads=pads)
             continue
         x = np.zeros((1, 4, side, side), dtype=dtype)
-        if op == "GlobalMaxPool":
-            numbapool.global_max_pool(x)
-        elif op == "GlobalAveragePool":
-            numbapool.global_average_pool(x)
-        elif op == "GlobalLpPool":
-            numbapool.global_lp_pool(x)
-        else:
+        if op == "MaxUnpool":
             y, indices = numbapool.max_pool(x, [2, 2], strides=[2, 2], return_indices=True)
             numbapool.max_unpool(y, indices, [2, 2], strides=[2, 2])
+            continue
+        function = {"GlobalMaxPool": numbapool.global_max_pool,
+                    "GlobalAveragePool": numbapool.global_average_pool,
+                    "GlobalLpPool": numbapool.global_lp_pool}[op]
+        function(x)
+        with numbapool.threads(1):
+            function(x)
+        if op != "GlobalMaxPool":
+            totals = _dispatch.continue_global_sums(op, x, dtype, np.zeros(4))
+            _dispatch.finish_global_sums(op, totals, side * side, dtype, (1, 4, 1, 1))
 
 
 def warmup(ops=None, dtypes=None, *, progress: bool | None = None) -> list[tuple[str, str]]:

@@ -1,7 +1,17 @@
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
-from hypothesis import settings
+# The suite compiles into a disk cache of its own, empty when it starts: numba reads
+# NUMBA_CACHE_DIR when it is imported, which no test module has done yet. The subprocesses
+# that the tests start inherit it. test_first_call.py fills it first (see below), so the
+# rest of the suite loads the kernels from it, as a user's later processes do.
+os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="numbapool-test-cache-")
+atexit.register(shutil.rmtree, os.environ["NUMBA_CACHE_DIR"], ignore_errors=True)
+
+from hypothesis import settings  # noqa: E402
 
 # the test helpers (reference.py, onnx_nodes.py) import as plain modules
 sys.path.insert(0, os.path.dirname(__file__))
@@ -28,3 +38,8 @@ def execution_path(request, monkeypatch):
     _plan._cached_window_plan.cache_clear()
     yield request.param
     _plan._cached_window_plan.cache_clear()
+
+
+def pytest_collection_modifyitems(items):
+    """test_first_call.py first: its first process must meet an empty cache."""
+    items.sort(key=lambda item: item.path.name != "test_first_call.py")

@@ -161,13 +161,33 @@ def test_workqueue_layer_does_not_abort_under_threads(setting):
     assert result.stdout.split() == [str(float(y.sum())), str(int(i.sum()))]
 
 
-def test_four_processes_on_one_empty_cache(tmp_path):
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
-    processes = [subprocess.Popen([sys.executable, "-c", _SCRIPT, "2"], env=env, text=True,
+# Parallel-size calls of three kernel families, in processes that share one cache
+_CACHE_SCRIPT = """
+import numpy as np, numbapool
+x = np.random.default_rng(5).standard_normal((2, 8, 48, 48)).astype(np.float32)
+y, i = numbapool.max_pool(x, [3, 3], pads=[1, 1, 1, 1], return_indices=True)
+outs = [y, i, numbapool.max_pool(x, [3, 3], strides=[2, 2]), numbapool.global_max_pool(x)]
+print([float(o.astype(np.float64).sum()) for o in outs])
+"""
+
+
+def _four_processes(cache_dir) -> str:
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir)}
+    processes = [subprocess.Popen([sys.executable, "-c", _CACHE_SCRIPT], env=env, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                  for _ in range(4)]
     outputs = [process.communicate(timeout=900) for process in processes]
     for process, (_, stderr) in zip(processes, outputs):
         assert process.returncode == 0, stderr
     assert len({stdout for stdout, _ in outputs}) == 1
-    assert any(name.endswith(".nbc") for _, _, files in os.walk(tmp_path) for name in files)
+    return outputs[0][0]
+
+
+def test_four_processes_on_one_empty_cache_then_on_it_warm(tmp_path):
+    cache = tmp_path / "cache"
+    first = _four_processes(cache)  # all four compile and write at once
+    assert any(name.endswith(".nbc") for _, _, files in os.walk(cache) for name in files)
+    assert _four_processes(cache) == first  # all four load at once
+    y, i = numbapool.max_pool(X, [3, 3], pads=[1, 1, 1, 1], return_indices=True)
+    expected = [y, i, numbapool.max_pool(X, [3, 3], strides=[2, 2]), numbapool.global_max_pool(X)]
+    assert first.strip() == str([float(o.astype(np.float64).sum()) for o in expected])
