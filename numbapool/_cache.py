@@ -16,7 +16,7 @@ import warnings
 import numba
 
 KERNEL_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kernels")
-_KERNEL_MODULES = ("window", "global_", "unpool")
+_KERNEL_MODULES = ("maxima", "sums", "fixed", "columns", "global_", "unpool")
 
 
 def _writable(path: str) -> str | None:
@@ -41,7 +41,7 @@ def _locate() -> tuple[str | None, str | None]:
         locator_classes = implementation._locator_classes
     except (ImportError, AttributeError):  # another numba: let it decide
         return "(chosen by numba)", None
-    source = os.path.join(KERNEL_DIRECTORY, "window.py")
+    source = os.path.join(KERNEL_DIRECTORY, "maxima.py")
     for locator_class in locator_classes:
         try:
             locator = locator_class.from_function(_locate, source)

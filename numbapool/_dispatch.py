@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from . import _threads
-from ._kernels import global_, unpool, window
+from ._kernels import columns, fixed, global_, maxima, sums, unpool
 from ._plan import BFLOAT16, UnpoolPlan, WindowPlan, global_plan, window_extents
 
 # 16-bit floats reach numba as their bit patterns; see _kernels/codec.py.
@@ -95,10 +95,10 @@ def _launch(plan: WindowPlan, threads: int) -> tuple:
     if special is not None:
         calls = (special[0], (*special[2], block), special[1], (*special[2], block, chunks))
     elif plan.op == "MaxPool":
-        calls = (window.max_pool_units, (None, None, None, *geometry), window.max_pool,
+        calls = (maxima.max_pool_units, (None, None, None, *geometry), maxima.max_pool,
                  (None, *geometry, chunks))
     else:
-        calls = (window.sum_pool_units, geometry, window.sum_pool, (*geometry, chunks))
+        calls = (sums.sum_pool_units, geometry, sums.sum_pool, (*geometry, chunks))
     launch = plan.launches[threads] = (units, chunks, block, slots, geometry, calls)
     return launch
 
@@ -179,9 +179,9 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     guarded = _threads.enter_parallel(threads) if chunks else None
     try:
         if return_indices and guarded is not None:
-            window.max_pool(rows_in, rows_out, index_rows, *geometry, chunks, threads)
+            maxima.max_pool(rows_in, rows_out, index_rows, *geometry, chunks, threads)
         elif return_indices:
-            window.max_pool_units(0, units, rows_in, rows_out, index_rows,
+            maxima.max_pool_units(0, units, rows_in, rows_out, index_rows,
                                   np.empty(block, np.int64),
                                   np.empty(max(slots, 1) * block, np.int64), *geometry)
         elif guarded is None:
@@ -198,8 +198,8 @@ def _specialized(plan: WindowPlan):
     """(units kernel, parallel driver, their geometry arguments) for a call without Indices
     that a specialized kernel serves, else None; kept on the plan, so that a repeated call
     does no work here. Measured faster than the rank-generic kernels (docs/performance.md):
-    a window in window.FIXED_WINDOWS (MaxPool, AveragePool), else, for MaxPool over two or
-    more spatial axes, the input-rows-first window.columns_kernels of its kind."""
+    a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool), else, for MaxPool over two or
+    more spatial axes, the input-rows-first columns.columns_kernels of its kind."""
     try:
         return plan.launches["special"]
     except KeyError:
@@ -209,7 +209,7 @@ def _specialized(plan: WindowPlan):
     kernels = None
     if plan.op != "LpPool" and rank in (2, 3) and set(plan.dilations) == {1}:
         key = (1,) * (3 - rank) + plan.kernel_shape + (plan.strides[-1],)
-        kernels = window.FIXED_WINDOWS.get(key)
+        kernels = fixed.FIXED_WINDOWS.get(key)
     special = None
     if kernels is not None:
         max_units, max_driver, sum_units, sum_driver = kernels
@@ -222,8 +222,8 @@ def _specialized(plan: WindowPlan):
     elif plan.op == "MaxPool" and rank >= 2:
         # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
         check_ties = plan.dtype.kind not in "iu"
-        kind = window.column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1])
-        special = (*window.columns_kernels(*kind, rank >= 3),
+        kind = columns.column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1])
+        special = (*columns.columns_kernels(*kind, rank >= 3),
                    (lowest_value(plan.dtype), check_ties, g["axes"], g["taps"],
                     g["tap_offsets"]))
     plan.launches["special"] = special

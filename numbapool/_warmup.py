@@ -35,16 +35,16 @@ def _choose(what: str, given, known: dict) -> list:
 
 def _windows():
     """(kernel_shape, strides, pads) reaching every windowed kernel: the rank-generic ones
-    (a padded 3x3 window), each of window.FIXED_WINDOWS, and MaxPool's input-rows-first
-    kernels (window.columns_kernels), one per kind of last-axis window, over two and three
+    (a padded 3x3 window), each of fixed.FIXED_WINDOWS, and MaxPool's input-rows-first
+    kernels (columns.columns_kernels), one per kind of last-axis window, over two and three
     spatial axes (3-high windows: a 2x2 one would take a fixed window's kernel)."""
-    from ._kernels import window
+    from ._kernels import columns, fixed
 
     yield [3, 3], [1, 1], [1, 1, 1, 1]
-    for depth, height, width, step in window.FIXED_WINDOWS:
+    for depth, height, width, step in fixed.FIXED_WINDOWS:
         kernel = [height, width] if depth == 1 else [depth, height, width]
         yield kernel, [1] * (len(kernel) - 1) + [step], None
-    for width, step in window.COLUMN_KINDS:
+    for width, step in columns.COLUMN_KINDS:
         # width 0: a window outside COLUMN_WINDOWS (4 wide); step 0: any other step (3)
         width, step = width or 4, step or 3
         for rank in (2, 3):

@@ -5,9 +5,11 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import numbapool
+from numbapool import _warmup
 
 
 def run_numbapool(*args, env=None, timeout=600):
@@ -47,9 +49,13 @@ def test_warmup_command_names_a_bad_operator():
     assert "'MaxPoool'" in result.stderr
 
 
-def test_warmup_skips_dtypes_an_operator_does_not_allow():
+def test_warmup_skips_dtypes_an_operator_does_not_allow(monkeypatch):
+    # what warmup chooses to exercise, not the compiling itself (other tests do that)
+    exercised = []
+    monkeypatch.setattr(_warmup, "_exercise", lambda op, dtype: exercised.append((op, dtype)))
     done = numbapool.warmup(["AveragePool", "MaxPool"], ["uint8"], progress=False)
     assert done == [("MaxPool", "uint8")]
+    assert exercised == [("MaxPool", np.dtype(np.uint8))]
     with pytest.raises(ValueError, match="'float128'"):
         numbapool.warmup(["MaxPool"], ["float128"])
 
@@ -105,15 +111,15 @@ def test_warmup_reaches_every_windowed_kernel():
     # in a fresh process: whatever warmup leaves uncompiled shows as a kernel without a
     # compiled signature
     script = ("import numbapool\n"
-              "from numbapool._kernels import window\n"
+              "from numbapool._kernels import columns, fixed, maxima, sums\n"
               "numbapool.warmup(['MaxPool', 'AveragePool'], ['float32'], progress=False)\n"
-              "kernels = [window.max_pool, window.max_pool_units, window.sum_pool,\n"
-              "           window.sum_pool_units]\n"
-              "for fixed in window.FIXED_WINDOWS.values():\n"
-              "    kernels += list(fixed)\n"
-              "for width, step in window.COLUMN_KINDS:\n"
+              "kernels = [maxima.max_pool, maxima.max_pool_units, sums.sum_pool,\n"
+              "           sums.sum_pool_units]\n"
+              "for kinds in fixed.FIXED_WINDOWS.values():\n"
+              "    kernels += list(kinds)\n"
+              "for width, step in columns.COLUMN_KINDS:\n"
               "    for outer_axes in (False, True):\n"
-              "        kernels += list(window.columns_kernels(width, step, outer_axes))\n"
+              "        kernels += list(columns.columns_kernels(width, step, outer_axes))\n"
               "print(sorted(k.py_func.__name__ for k in kernels if not k.signatures))\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=600)

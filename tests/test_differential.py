@@ -262,12 +262,12 @@ def test_global_pools_over_many_channels(dtype):
 @SETTINGS
 @given(st.data())
 def test_fixed_window_kernels(data):
-    """2x2 windows at stride 2 run on kernels of their own (window.FIXED_WINDOWS): the
+    """2x2 windows at stride 2 run on kernels of their own (fixed.FIXED_WINDOWS): the
     reference's values, and the bits of the rank-generic kernels."""
     from unittest import mock
 
     from numbapool import _dispatch
-    from numbapool._kernels import window
+    from numbapool._kernels import fixed
 
     x = data.draw(inputs(FLOATS + INTS))
     assume(x.ndim in (4, 5))
@@ -286,7 +286,7 @@ def test_fixed_window_kernels(data):
         return
     got = function(x, **attrs)
     special = _dispatch._specialized(numbapool.plan(op, x.shape, x.dtype, **attrs))
-    assert special is not None and special[0] in window.FIXED_WINDOWS[(1, 2, 2, 2)]
+    assert special is not None and special[0] in fixed.FIXED_WINDOWS[(1, 2, 2, 2)]
     with mock.patch.object(_dispatch, "_specialized", lambda plan: None):
         generic = function(x, **attrs)
     assert got.tobytes() == generic.tobytes()
@@ -314,11 +314,11 @@ _TIE_BITS = {
 @given(st.data())
 def test_max_pool_columns_kernel(data):
     """MaxPool without Indices over two or more spatial axes runs input rows first
-    (window.columns_kernels), a column-major scan of each window; where that scan's zero or
+    (columns.columns_kernels), a column-major scan of each window; where that scan's zero or
     NaN differs from the row-major one, the row-major one must be what comes out, bit for
     bit."""
     from numbapool import _dispatch
-    from numbapool._kernels import window
+    from numbapool._kernels import columns
 
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
     rank = data.draw(st.integers(2, 4))
@@ -335,8 +335,8 @@ def test_max_pool_columns_kernel(data):
         return
     special = _dispatch._specialized(numbapool.plan("MaxPool", x.shape, x.dtype, **attrs))
     assume(special is not None and special[1] in {
-        kernels[1] for kernels in (window.columns_kernels(*kind, outer_axes)
-                                   for kind in window.COLUMN_KINDS
+        kernels[1] for kernels in (columns.columns_kernels(*kind, outer_axes)
+                                   for kind in columns.COLUMN_KINDS
                                    for outer_axes in (False, True))})
     got = numbapool.max_pool(x, **attrs)
     assert got.tobytes() == expected[0].tobytes()

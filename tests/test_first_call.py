@@ -83,9 +83,9 @@ def test_a_read_only_input_takes_the_kernels_a_writable_one_took():
     import numpy as np
 
     import numbapool
-    from numbapool._kernels import global_, unpool, window
+    from numbapool._kernels import columns, global_, maxima, sums, unpool
 
-    kernels = [window.column_units, window.max_pool_units, window.sum_pool_units,
+    kernels = [columns.column_units, maxima.max_pool_units, sums.sum_pool_units,
                global_.global_max_units, global_.global_sum_units, unpool.max_unpool]
 
     def calls(x):

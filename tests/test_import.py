@@ -7,8 +7,8 @@ import sys
 SCRIPT = """
 import json, sys
 import numbapool
-from numbapool._kernels import global_, unpool, window
-kernels = [window.max_pool, window.sum_pool, global_.global_max_pool, global_.global_sum_pool,
+from numbapool._kernels import global_, maxima, sums, unpool
+kernels = [maxima.max_pool, sums.sum_pool, global_.global_max_pool, global_.global_sum_pool,
            unpool.max_unpool]
 optional = ["onnx", "onnxruntime", "torch", "dask", "hypothesis", "tqdm"]
 print(json.dumps({"compiled": sum(len(k.signatures) for k in kernels),

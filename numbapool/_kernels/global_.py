@@ -18,7 +18,9 @@ from numba import njit, prange
 from .codec import decode, encode, float32_bits
 from .prefetch import prefetch_ahead
 from .threads import use_threads
-from .window import OPTIONS, keeps, lp_root, lp_term
+from . import OPTIONS
+from .maxima import keeps
+from .sums import lp_root, lp_term
 
 # Contiguous runs of channels per parallel chunk: the loops live in plain functions, which
 # numba optimizes better than code inside the parallel region.

@@ -3,7 +3,7 @@
 import numpy as np
 from numba import njit
 
-from .window import OPTIONS
+from . import OPTIONS
 
 
 @njit(**OPTIONS)

@@ -1,0 +1,150 @@
+"""Fixed windows: MaxPool (without Indices) and AveragePool for a window whose size and
+last-axis step are compile-time constants.
+
+_dispatch chooses these for the windows in FIXED_WINDOWS: only the 2x2 stride-2 window,
+measured 2 to 4 times faster than the generic kernels for every dtype (at 3x3 the generic
+kernels' reuse of input-row results won for float64, uint8 and stride 1, and 3x3x3 lost).
+An output's taps unroll into one loop over the outputs of a row, the running maximum or sum
+stays in a register, and the loads vectorize. Outputs whose window leaves the input take
+their taps one by one, in the generic kernels' order: the results are the same, bit for bit.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from .._plan import AXIS_IN, AXIS_PAD_BEGIN
+from . import OPTIONS
+from .codec import as_accumulator, decode, encode
+from .units import (chunk_units, first_unit_row, interior_outputs, interior_span, unit_count,
+                    unit_row)
+from .maxima import border_max, fold_max
+from .sums import border_sum
+from .threads import use_threads
+
+
+@njit(inline="always")
+def _fixed_layout(axes):
+    """(last axis, input row length, input plane size for 3-D windows, last-axis pad)."""
+    last = axes.shape[1] - 1
+    row_length = axes[AXIS_IN, last]
+    plane = row_length * axes[AXIS_IN, last - 1] if last > 1 else 0
+    return last, row_length, plane, axes[AXIS_PAD_BEGIN, last]
+
+
+# The window's size and step arrive as literal arguments (from the closures of
+# fixed_window_kernels), so that each window compiles loops of its own with them constant.
+@njit(**OPTIONS)
+def fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block, depth,
+                    height, width, step):
+    """MaxPool over units [unit_begin, unit_end) for a depth x height x width window (depth 1:
+    a 2-D window) with no dilation, at this last-axis step."""
+    last, row_length, plane, pad = _fixed_layout(axes)
+    interior = interior_outputs(axes, width)
+    starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
+    for unit in range(unit_begin, unit_end):
+        nc, first, end, row_offset, row_inside, out_first = unit_row(
+            unit, unit_begin, nc, positions, starts, axes, block, x, y)
+        lo = hi = end
+        if row_inside:
+            lo, hi = interior_span(first, end, interior)
+            for o in range(lo, hi):
+                at = np.uint64(row_offset + o * step - pad)
+                best = lowest
+                for d in range(depth):
+                    for r in range(height):
+                        for w in range(width):
+                            best = fold_max(best, source[
+                                at + np.uint64(d * plane + r * row_length + w)])
+                out[np.uint64(out_first + o)] = best
+        for o in range(first, lo):
+            out[np.uint64(out_first + o)] = border_max(
+                o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets)
+        for o in range(hi, end):
+            out[np.uint64(out_first + o)] = border_max(
+                o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets)
+
+
+@njit(**OPTIONS)
+def fixed_sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts, block,
+                    depth, height, width, step):
+    """AveragePool over units [unit_begin, unit_end), as fixed_max_units."""
+    last, row_length, plane, pad = _fixed_layout(axes)
+    interior = interior_outputs(axes, width)
+    zero = as_accumulator(0, x)
+    starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
+    for unit in range(unit_begin, unit_end):
+        nc, first, end, row_offset, row_inside, out_first = unit_row(
+            unit, unit_begin, nc, positions, starts, axes, block, x, y)
+        leading = 1
+        for axis in range(last):
+            leading *= divisor_counts[axis, positions[axis]]
+        lo = hi = end
+        if row_inside:
+            lo, hi = interior_span(first, end, interior)
+            for o in range(lo, hi):
+                at = np.uint64(row_offset + o * step - pad)
+                total = zero
+                for d in range(depth):
+                    for r in range(height):
+                        row_sum = zero
+                        for w in range(width):
+                            row_sum += decode(source[
+                                at + np.uint64(d * plane + r * row_length + w)])
+                        total += row_sum
+                divisor = leading * divisor_counts[last, o]
+                out[np.uint64(out_first + o)] = encode(
+                    total / as_accumulator(divisor, x), y)
+        for o in range(first, end):
+            if lo <= o < hi:
+                continue
+            total = border_sum(o, row_offset, row_inside, starts, zero, source, axes, taps,
+                                tap_offsets, width)
+            divisor = leading * divisor_counts[last, o]
+            mean = total / as_accumulator(max(divisor, 1), x)
+            out[np.uint64(out_first + o)] = encode(mean if divisor > 0 else zero, y)
+
+
+def fixed_window_kernels(depth, height, width, step):
+    """(max units, max driver, sum units, sum driver) for a depth x height x width window
+    (depth 1: a 2-D window) with no dilation, and this last-axis step. Closures over plain
+    numbers only: numba keys a closure's disk-cache entry on its cells' pickled contents,
+    which for a dispatcher differ in every process."""
+
+    @njit(**OPTIONS)
+    def max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block):
+        fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block,
+                        depth, height, width, step)
+
+    @njit(parallel=True, **OPTIONS)
+    def max_driver(x, y, lowest, axes, taps, tap_offsets, block, chunks, threads):
+        units = unit_count(x.shape[0], axes, block)
+        before = use_threads(threads)
+        for chunk in prange(chunks):
+            unit_begin, unit_end = chunk_units(chunk, chunks, units)
+            fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block,
+                            depth, height, width, step)
+        use_threads(before)
+
+    @njit(**OPTIONS)
+    def sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts, block):
+        fixed_sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts,
+                        block, depth, height, width, step)
+
+    @njit(parallel=True, **OPTIONS)
+    def sum_driver(x, y, axes, taps, tap_offsets, divisor_counts, block, chunks, threads):
+        units = unit_count(x.shape[0], axes, block)
+        before = use_threads(threads)
+        for chunk in prange(chunks):
+            unit_begin, unit_end = chunk_units(chunk, chunks, units)
+            fixed_sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts,
+                            block, depth, height, width, step)
+        use_threads(before)
+
+    return max_units, max_driver, sum_units, sum_driver
+
+
+# (depth, height, width, last-axis step) -> kernels; compiled on first use, like the rest.
+# Only where measured faster than the rank-generic kernels (docs/performance.md): the 2x2
+# stride-2 window, for every dtype, 2 to 4 times. At 3x3 the generic kernels' reuse of
+# input-row results wins for float64 and uint8 and for stride 1, and 3x3x3 loses outright.
+FIXED_WINDOWS = {key: fixed_window_kernels(*key) for key in [(1, 2, 2, 2)]}

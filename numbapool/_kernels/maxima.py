@@ -1,0 +1,215 @@
+"""MaxPool over any window, any number of axes, with or without Indices (the generic kernel).
+
+_dispatch chooses it for MaxPool with Indices and for MaxPool over one spatial axis; the
+other MaxPool calls take fixed.py or columns.py, whose results are the same bit for bit.
+
+A window's first maximum in row-major order is the first maximum over its input rows of
+each row's first maximum along the last axis. Each unit runs taps outer, outputs inner: for
+every tap, the run of the row's outputs for which it lies inside the input
+(``tap_outputs``, from the plan), walking the input at a fixed step, which vectorizes; an
+input row's results are cached and serve the next output rows, whose windows share it.
+Also here: the comparison every MaxPool kernel uses (``keeps``: ties keep the first, the
+first NaN wins) and the tap-by-tap maximum of a border output (``border_max``).
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from .._plan import AXIS_DILATION, AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
+from . import OPTIONS
+from .codec import decode
+from .units import (chunk_units, first_input_row, first_unit, input_index, input_row_strides,
+                    next_unit, place_row, row_slot, tap_is_inside, tap_run, unit_count)
+from .threads import use_threads
+
+
+@njit(inline="always")
+def keeps(best, candidate):
+    """Whether ``best`` stays against a later ``candidate`` in a row-major scan: it is at
+    least as large (ties keep the first), or it is a NaN (the first NaN wins)."""
+    return best >= candidate or best != best
+
+
+@njit(inline="always")
+def fold_max(kept, value):
+    return kept if keeps(decode(kept), decode(value)) else value
+
+
+@njit(inline="always")
+def fold_max_run(source, offset, step, best, begin, count):
+    for j in range(count):
+        value = source[offset + np.uint64(j) * step]
+        kept = best[begin + np.uint64(j)]
+        best[begin + np.uint64(j)] = kept if keeps(decode(kept), decode(value)) else value
+
+
+@njit(inline="always")
+def _max_run_with_taps(source, offset, step, best, best_taps, tap, begin, count):
+    for j in range(count):
+        value = source[offset + np.uint64(j) * step]
+        kept = best[begin + np.uint64(j)]
+        take = best_taps[begin + np.uint64(j)] < 0 or not keeps(decode(kept), decode(value))
+        best[begin + np.uint64(j)] = value if take else kept
+        best_taps[begin + np.uint64(j)] = tap if take else best_taps[begin + np.uint64(j)]
+
+
+@njit(inline="always")
+def max_run(source, offset, step, best, best_taps, tap, begin, count):
+    """Fold one tap into ``count`` consecutive outputs from ``begin``, ``step`` elements
+    apart in the input, tracking the winning taps unless ``best_taps`` is None.
+
+    Steps 1 and 2 (most strides) get loops of their own with the step a constant, which the
+    compiler vectorizes; the general loop does not.
+    """
+    if best_taps is None:
+        if step == 1:
+            fold_max_run(source, offset, np.uint64(1), best, begin, count)
+        elif step == 2:
+            fold_max_run(source, offset, np.uint64(2), best, begin, count)
+        else:
+            fold_max_run(source, offset, step, best, begin, count)
+    else:
+        if step == 1:
+            _max_run_with_taps(source, offset, np.uint64(1), best, best_taps, tap, begin, count)
+        elif step == 2:
+            _max_run_with_taps(source, offset, np.uint64(2), best, best_taps, tap, begin, count)
+        else:
+            _max_run_with_taps(source, offset, step, best, best_taps, tap, begin, count)
+
+
+@njit(inline="always")
+def start_maxima(target, target_taps, base, count, lowest):
+    """Outputs with no tap yet: ``lowest``, tap -1."""
+    for j in range(count):
+        target[base + np.uint64(j)] = lowest
+    if target_taps is not None:
+        for j in range(count):
+            target_taps[base + np.uint64(j)] = -1
+
+
+# Not inlined: called from two places, it would be compiled twice, and the first call's
+# compile time is what a notebook user waits for.
+@njit(**OPTIONS)
+def max_over_last_axis(source, row_start, first, end, step, target, target_taps, base, axes,
+                       tap_outputs, tap_offsets, k_last, tap_base):
+    """Fold the last-axis taps of one input row, numbered from ``tap_base``, into
+    target[base + j] for output first + j."""
+    for kw in range(k_last):
+        begin, count, offset = tap_run(kw, first, end, tap_outputs, row_start, axes, tap_offsets)
+        max_run(source, offset, step, target, target_taps, tap_base + kw, base + begin, count)
+
+
+@njit(parallel=True, **OPTIONS)
+def max_pool(x, y, indices, lowest, axes, taps, tap_offsets, tap_outputs, lead_rows, block,
+             slots, chunks, threads):
+    """Max over each window; the first NaN wins, ties go to the first maximum in the scan.
+
+    ``y`` receives the winning element itself (bit for bit), or ``lowest`` for a window
+    with no tap inside the input; ``indices``, unless None, the winner's offset in the whole
+    input, numbered with the index strides, or -1. Whether ``indices`` is None is known when
+    numba compiles, so each case gets loops of its own.
+    """
+    units = unit_count(x.shape[0], axes, block)
+    before = use_threads(threads)
+    for chunk in prange(chunks):
+        unit_begin, unit_end = chunk_units(chunk, chunks, units)
+        if indices is None:
+            max_pool_units(unit_begin, unit_end, x, y, None, None, None, lowest, axes, taps,
+                           tap_offsets, tap_outputs, lead_rows, block, slots)
+        else:
+            max_pool_units(unit_begin, unit_end, x, y, indices, np.empty(block, np.int64),
+                           np.empty(max(slots, 1) * block, np.int64), lowest, axes, taps,
+                           tap_offsets, tap_outputs, lead_rows, block, slots)
+    use_threads(before)
+
+
+# The loops live in a plain function that the parallel driver calls: inside numba's
+# parallel region they optimize (and vectorize) far worse.
+@njit(**OPTIONS)
+def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, row_taps, lowest, axes, taps,
+                   tap_offsets, tap_outputs, lead_rows, block, slots):
+    """A window's first maximum in row-major order is the first maximum over its rows of
+    each row's first maximum along the last axis: rows come first in that order. So each
+    input row's last-axis maxima are computed once, cached, and folded row by row; the
+    cache serves the next output rows, whose windows share input rows. With ``slots`` 0
+    (no input row is shared) the taps fold straight into the outputs, in the same order."""
+    rank = axes.shape[1]
+    last = rank - 1
+    step = np.uint64(axes[AXIS_STRIDE, last])
+    out_last = axes[AXIS_OUT, last]
+    channel_size = x.shape[1]
+    channel_rows = channel_size // axes[AXIS_IN, last]
+    row_strides = input_row_strides(axes)
+    k_last = taps[taps.shape[0] - 1, last] + 1
+    lead_count = taps.shape[0] // k_last
+    starts = np.empty(rank, np.int64)
+    best = np.empty(block, x.dtype)
+    rows = np.empty(max(slots, 1) * block, x.dtype)
+    keys = np.full(max(slots, 1), -1, np.int64)
+    # flat views, made once: a view per row costs reference counting in the hot loop
+    source = x.reshape(x.size)
+    out = y.reshape(y.size)
+    positions = np.empty(rank, np.int64)
+    nc = first_unit(unit_begin, axes, block, positions)
+    for unit in range(unit_begin, unit_end):
+        if unit > unit_begin:
+            nc = next_unit(positions, nc, axes, block)
+        first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
+        row_offset += nc * channel_size
+        start_maxima(best, best_taps, np.uint64(0), end - first, lowest)
+        first_row = first_input_row(nc, channel_rows, starts, row_strides) if slots else 0
+        for lead in range(lead_count):
+            tap = lead * k_last
+            if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
+                continue
+            if slots == 0:  # no input row is shared by two output rows: fold taps directly
+                max_over_last_axis(source, row_offset + tap_offsets[tap], first, end, step,
+                                   best, best_taps, np.uint64(0), axes, tap_outputs,
+                                   tap_offsets, k_last, tap)
+                continue
+            slot, missing = row_slot(first_row + lead_rows[lead], first, keys, slots, out_last)
+            base = np.uint64(slot * block)
+            if missing:
+                start_maxima(rows, row_taps, base, end - first, lowest)
+                # np.int64: a literal 0 would make numba compile a second specialization
+                max_over_last_axis(source, row_offset + tap_offsets[tap], first, end, step,
+                                   rows, row_taps, base, axes, tap_outputs, tap_offsets,
+                                   k_last, np.int64(0))
+            if best_taps is None:
+                for j in range(end - first):
+                    kept = best[j]
+                    value = rows[base + np.uint64(j)]
+                    best[j] = kept if keeps(decode(kept), decode(value)) else value
+            else:
+                for j in range(end - first):
+                    value = rows[base + np.uint64(j)]
+                    found = row_taps[base + np.uint64(j)]
+                    take = found >= 0 and (
+                        best_taps[j] < 0 or not keeps(decode(best[j]), decode(value)))
+                    best[j] = value if take else best[j]
+                    best_taps[j] = tap + found if take else best_taps[j]
+        out_begin = np.uint64(nc * y.shape[1] + row + first)
+        for j in range(end - first):
+            out[out_begin + np.uint64(j)] = best[j]
+        if indices is not None:
+            for j in range(end - first):
+                starts[last] = (first + j) * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
+                tap = best_taps[j]
+                indices[nc, row + first + j] = (
+                    -1 if tap < 0 else input_index(nc, channel_size, tap, taps, starts, axes))
+
+
+@njit(inline="always")
+def border_max(o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets):
+    """MaxPool of output o of a row, its taps checked one by one."""
+    last = axes.shape[1] - 1
+    at = o * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
+    best = lowest
+    for tap in range(taps.shape[0]):
+        position = at + taps[tap, last] * axes[AXIS_DILATION, last]
+        if position < 0 or position >= axes[AXIS_IN, last]:
+            continue
+        if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
+            continue
+        best = fold_max(best, source[np.uint64(row_offset + at + tap_offsets[tap])])
+    return best

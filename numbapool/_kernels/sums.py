@@ -1,0 +1,295 @@
+"""AveragePool and LpPool over any window, any number of axes (the generic summing kernel).
+
+_dispatch chooses it for every LpPool and for every AveragePool but the 2x2 stride-2 window
+(fixed.py). A window's sum is the sum over its input rows, in order, of each row's sum along
+the last axis (docs/semantics.md); each input row's sums are computed once, cached, and
+serve the next output rows. AveragePool sums accumulate in float32 (float64 for float64
+input), LpPool's in float64 (``|x| ** p`` leaves float32's range for moderate p).
+AveragePool windows 3 taps wide (step 1 or 2, no dilation) take a row's taps in one loop
+body, and three-row windows add and divide in one loop.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from .._plan import AXIS_DILATION, AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
+from . import OPTIONS
+from .codec import accumulator_array, as_accumulator, decode, encode
+from .units import (chunk_units, first_input_row, first_unit, input_row_strides, interior_outputs,
+                    interior_span, next_unit, place_row, row_slot, tap_is_inside, tap_run,
+                    unit_count)
+from .threads import use_threads
+
+
+@njit(inline="always")
+def lp_term(value, p, p_kind):
+    """The summand: value itself (p_kind 0, AveragePool), |value| (1), value ** 2 (2) or
+    |value| ** p (3)."""
+    if p_kind == 0:
+        return value
+    magnitude = abs(value)
+    if p_kind == 1:
+        return magnitude
+    if p_kind == 2:
+        return magnitude * magnitude
+    return magnitude ** p
+
+
+@njit(inline="always")
+def lp_root(total, p, p_kind):
+    if p_kind <= 1:
+        return total
+    if p_kind == 2:
+        return np.sqrt(total)
+    return total ** (1 / p)
+
+
+@njit(inline="always")
+def _term(source, index, p, p_kind):
+    """One element's summand, computed in the accumulator type (that of ``p``)."""
+    return lp_term(as_accumulator(decode(source[index]), p), p, p_kind)
+
+
+@njit(inline="always")
+def _sum_run(source, offset, step, totals, begin, count, p, p_kind):
+    # one loop per kind, the kind a constant in each: a branch inside the loop would keep it
+    # from vectorizing
+    if p_kind == 0:
+        for j in range(count):
+            totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 0)
+    elif p_kind == 1:
+        for j in range(count):
+            totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 1)
+    elif p_kind == 2:
+        for j in range(count):
+            totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 2)
+    else:
+        for j in range(count):
+            totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 3)
+
+
+@njit(inline="always")
+def sum_run(source, offset, step, totals, begin, count, p, p_kind):
+    """Add one tap's terms to ``count`` consecutive outputs from ``begin``; constant steps
+    1 and 2 as in ``max_run``."""
+    if step == 1:
+        _sum_run(source, offset, np.uint64(1), totals, begin, count, p, p_kind)
+    elif step == 2:
+        _sum_run(source, offset, np.uint64(2), totals, begin, count, p, p_kind)
+    else:
+        _sum_run(source, offset, step, totals, begin, count, p, p_kind)
+
+
+@njit(inline="always")
+def _row_window_sums(source, row_start, target, base, first, lo, hi, width, step, axes, zero):
+    """AveragePool's row sums target[base + o - first] for the outputs o in [lo, hi), whose
+    taps all lie inside the input, with the width and step constants: the taps of an
+    output in one loop body, added in order to ``zero`` as in ``sum_run``."""
+    last = axes.shape[1] - 1
+    at = np.uint64(row_start + lo * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last])
+    begin = base + np.uint64(lo - first)
+    for j in range(hi - lo):
+        tap = at + np.uint64(j) * step
+        total = zero + as_accumulator(decode(source[tap]), zero)
+        for w in range(1, width):
+            total += as_accumulator(decode(source[tap + np.uint64(w)]), zero)
+        target[begin + np.uint64(j)] = total
+
+
+@njit(inline="always")
+def _border_row_sum(source, row_start, o, width, axes, zero):
+    """AveragePool's row sum for output o, its taps checked one by one (dilation 1)."""
+    last = axes.shape[1] - 1
+    total = zero
+    at = o * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
+    for w in range(width):
+        if 0 <= at + w < axes[AXIS_IN, last]:
+            total += as_accumulator(decode(source[np.uint64(row_start + at + w)]), zero)
+    return total
+
+
+@njit(**OPTIONS)  # not inlined, as max_over_last_axis
+def three_tap_row_sums(source, row_start, first, end, step, target, base, zero, axes,
+                       interior):
+    """``sum_over_last_axis`` for AveragePool's common windows, 3 taps wide along the last
+    axis with no dilation and a step of 1 or 2: the interior outputs' taps in one loop body,
+    the others one by one; each sum in the same order."""
+    lo, hi = interior_span(first, end, interior)
+    if step == 1:
+        _row_window_sums(source, row_start, target, base, first, lo, hi, 3, np.uint64(1), axes,
+                         zero)
+    else:
+        _row_window_sums(source, row_start, target, base, first, lo, hi, 3, np.uint64(2), axes,
+                         zero)
+    for o in range(first, lo):
+        target[base + np.uint64(o - first)] = _border_row_sum(source, row_start, o, 3, axes, zero)
+    for o in range(hi, end):
+        target[base + np.uint64(o - first)] = _border_row_sum(source, row_start, o, 3, axes, zero)
+
+
+@njit(**OPTIONS)  # not inlined, as max_over_last_axis
+def sum_over_last_axis(source, row_start, first, end, step, target, base, zero, axes,
+                       tap_outputs, tap_offsets, k_last, p, p_kind):
+    """target[base + j] = the sum of the terms of one input row's last-axis taps inside the
+    input, for output first + j."""
+    for j in range(end - first):
+        target[base + np.uint64(j)] = zero
+    for kw in range(k_last):
+        begin, count, offset = tap_run(kw, first, end, tap_outputs, row_start, axes, tap_offsets)
+        sum_run(source, offset, step, target, base + begin, count, p, p_kind)
+
+
+@njit(inline="always")
+def border_sum(o, row_offset, row_inside, starts, zero, source, axes, taps, tap_offsets,
+                k_last):
+    """The window sum of output o of a row: each input row's sum, then the rows in order."""
+    last = axes.shape[1] - 1
+    at = o * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
+    total = zero
+    for lead in range(taps.shape[0] // k_last):
+        if not row_inside and not tap_is_inside(lead * k_last, taps, starts, axes, last):
+            continue
+        row_sum = zero
+        for tap in range(lead * k_last, (lead + 1) * k_last):
+            position = at + taps[tap, last] * axes[AXIS_DILATION, last]
+            if 0 <= position < axes[AXIS_IN, last]:
+                row_sum += decode(source[np.uint64(row_offset + at + tap_offsets[tap])])
+        total += row_sum
+    return total
+
+
+@njit(inline="always")
+def _leading_divisor(divisor_counts, positions, last):
+    """The product of AveragePool's per-axis tap counts over the leading axes."""
+    leading = 1
+    for axis in range(last):
+        leading *= divisor_counts[axis, positions[axis]]
+    return leading
+
+
+@njit(inline="always")
+def _mean(total, divisor, zero, y):
+    """An AveragePool output: the window sum over its divisor, 0 for a window with no tap
+    inside, rounded once to y's type."""
+    mean = total / as_accumulator(max(divisor, 1), zero)
+    return encode(mean if divisor > 0 else zero, y)
+
+
+@njit(inline="always")
+def _three_row_means(rows, row_bases, out, out_begin, first, count, divisor_counts, positions,
+                     zero, y):
+    """AveragePool outputs of a window with three input rows: the cached row sums added in
+    order to a zero, as the totals are, then divided."""
+    last = divisor_counts.shape[0] - 1
+    leading = _leading_divisor(divisor_counts, positions, last)
+    row0, row1, row2 = (np.uint64(row_bases[0]), np.uint64(row_bases[1]),
+                        np.uint64(row_bases[2]))
+    for j in range(count):
+        k = np.uint64(j)
+        total = ((zero + rows[row0 + k]) + rows[row1 + k]) + rows[row2 + k]
+        divisor = leading * divisor_counts[np.uint64(last), np.uint64(first + j)]
+        out[out_begin + k] = _mean(total, divisor, zero, y)
+
+
+@njit(parallel=True, **OPTIONS)
+def sum_pool(x, y, p, p_kind, zero, axes, taps, tap_offsets, tap_outputs, lead_rows,
+             divisor_counts, block, slots, chunks, threads):
+    """AveragePool (p_kind 0) and LpPool (p_kind 1, 2, 3) over each window's taps inside the
+    input, accumulated in the type of ``zero`` (float32 or float64). AveragePool divides by
+    the product over axes of ``divisor_counts``; a divisor of 0 (a window with no tap
+    inside) gives 0."""
+    units = unit_count(x.shape[0], axes, block)
+    before = use_threads(threads)
+    for chunk in prange(chunks):
+        unit_begin, unit_end = chunk_units(chunk, chunks, units)
+        sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_offsets,
+                       tap_outputs, lead_rows, divisor_counts, block, slots)
+    use_threads(before)
+
+
+@njit(**OPTIONS)
+def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_offsets,
+                   tap_outputs, lead_rows, divisor_counts, block, slots):
+    """A window's sum is the sum over its rows, in order, of each row's sum along the last
+    axis; each input row's sums are computed once, cached, and serve the next output rows,
+    whose windows share input rows."""
+    rank = axes.shape[1]
+    last = rank - 1
+    step = np.uint64(axes[AXIS_STRIDE, last])
+    out_last = axes[AXIS_OUT, last]
+    channel_rows = x.shape[1] // axes[AXIS_IN, last]
+    row_strides = input_row_strides(axes)
+    k_last = taps[taps.shape[0] - 1, last] + 1
+    lead_count = taps.shape[0] // k_last
+    interior = interior_outputs(axes, 3)
+    three_taps = p_kind == 0 and k_last == 3 and step <= 2 and axes[AXIS_DILATION, last] == 1
+    p_acc = as_accumulator(p, zero)
+    # AveragePool windows of three input rows add them in _three_row_means, once all three
+    # are cached: only when the rows cannot share a slot (they span fewer rows than slots)
+    defer = p_kind == 0 and lead_count == 3 and lead_rows[2] - lead_rows[0] < slots
+    starts = np.empty(rank, np.int64)
+    totals = accumulator_array(block, zero)
+    rows = accumulator_array(slots * block, zero)
+    keys = np.full(slots, -1, np.int64)
+    row_bases = np.empty(lead_count, np.int64)
+    # flat views, made once: a view per row costs reference counting in the hot loop
+    source = x.reshape(x.size)
+    out = y.reshape(y.size)
+    positions = np.empty(rank, np.int64)
+    nc = first_unit(unit_begin, axes, block, positions)
+    for unit in range(unit_begin, unit_end):
+        if unit > unit_begin:
+            nc = next_unit(positions, nc, axes, block)
+        first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
+        row_offset += nc * x.shape[1]
+        if lead_count == 1 and (row_inside or tap_is_inside(0, taps, starts, axes, last)):
+            # one input row per window: no rows to add up
+            sum_over_last_axis(source, row_offset, first, end, step, totals, np.uint64(0), zero,
+                               axes, tap_outputs, tap_offsets, k_last, p_acc, p_kind)
+        else:
+            first_row = first_input_row(nc, channel_rows, starts, row_strides)
+            if not defer:
+                for j in range(end - first):
+                    totals[j] = zero
+            inside_rows = 0
+            for lead in range(lead_count):
+                tap = lead * k_last
+                if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
+                    continue
+                slot, missing = row_slot(first_row + lead_rows[lead], first, keys, slots,
+                                         out_last)
+                base = np.uint64(slot * block)
+                row_bases[inside_rows] = slot * block
+                inside_rows += 1
+                if missing and three_taps:
+                    three_tap_row_sums(source, row_offset + tap_offsets[tap], first, end, step,
+                                       rows, base, zero, axes, interior)
+                elif missing:
+                    sum_over_last_axis(source, row_offset + tap_offsets[tap], first, end, step,
+                                       rows, base, zero, axes, tap_outputs, tap_offsets, k_last,
+                                       p_acc, p_kind)
+                if not defer:
+                    for j in range(end - first):
+                        totals[j] += rows[base + np.uint64(j)]
+            if defer and inside_rows == 3:
+                _three_row_means(rows, row_bases, out, np.uint64(nc * y.shape[1] + row + first),
+                                 first, end - first, divisor_counts, positions, zero, y)
+                continue
+            if defer:  # a window at the edge: fewer rows
+                for j in range(end - first):
+                    totals[j] = zero
+                for r in range(inside_rows):
+                    for j in range(end - first):
+                        totals[j] += rows[np.uint64(row_bases[r]) + np.uint64(j)]
+        out_begin = np.uint64(nc * y.shape[1] + row + first)
+        if p_kind == 0:
+            leading = _leading_divisor(divisor_counts, positions, last)
+            for j in range(end - first):
+                divisor = leading * divisor_counts[np.uint64(last), np.uint64(first + j)]
+                out[out_begin + np.uint64(j)] = _mean(totals[j], divisor, zero, y)
+        elif p_kind == 2:  # the common norm gets a loop with its kind a constant
+            for j in range(end - first):
+                out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, 2), y)
+        else:
+            for j in range(end - first):
+                out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, p_kind), y)
