@@ -7,6 +7,7 @@ it on disk), so importing numbapool compiles nothing.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -48,16 +49,28 @@ def channel_rows(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """
     # ascontiguousarray returns the array itself when it is already C-ordered and of dtype
     rows = np.ascontiguousarray(array, dtype=dtype).reshape(array.shape[0] * array.shape[1], -1)
-    return as_storage(read_only(rows), dtype)
+    return as_storage(kernel_input(rows), dtype)
 
 
-def read_only(view: np.ndarray) -> np.ndarray:
-    """``view`` (a view of its own, never the caller's array) marked read-only, as every
-    kernel receives its inputs: numba compiles a kernel once per argument type, and passes
-    a writable array where a read-only one is expected but not the reverse, so one compiled
-    kernel serves writable and read-only inputs alike."""
-    view.flags.writeable = False
-    return view
+class _Alias:
+    """An object numpy makes an array of: ``interface`` describes the memory, ``owner``
+    keeps it alive as long as the array is."""
+
+    def __init__(self, interface: dict, owner: np.ndarray):
+        self.__array_interface__ = interface
+        self.owner = owner
+
+
+def kernel_input(view: np.ndarray) -> np.ndarray:
+    """``view`` as every kernel receives its inputs: writable. numba compiles a kernel once
+    per argument type, and read-only is a type of its own, so a read-only input would
+    compile every kernel it reaches again; such an input gets a writable alias of its
+    memory instead, which the kernels only read. A flag test for the usual input: marking
+    every input read-only instead cost a tenth of the smallest calls' time."""
+    if view.flags.writeable:
+        return view
+    interface = dict(view.__array_interface__, data=(view.__array_interface__["data"][0], False))
+    return np.asarray(_Alias(interface, view))
 
 
 def as_storage(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -73,11 +86,23 @@ def lowest_value(dtype: np.dtype):
     return np.array(-np.inf, dtype=dtype).view(storage_dtype(dtype))[()]
 
 
-def _launch(plan: WindowPlan, threads: int) -> tuple:
-    """(units, chunks, block, slots, geometry, calls) for this plan on ``threads`` threads:
-    ``geometry`` is the generic kernels' trailing arguments; ``calls`` is (serial kernel,
-    its trailing arguments, parallel kernel, its trailing arguments) for a call without
-    Indices. Kept on the plan, so a repeated call does no work here."""
+class Launch(NamedTuple):
+    """What a windowed call on a plan and a thread count passes to its kernels; kept on the
+    plan (``_launch``), so a repeated call does no work to build it."""
+
+    units: int  # work units (docs/architecture.md)
+    chunks: int  # runs of units the parallel driver deals out; 0: run serially
+    block: int  # outputs per unit along the last axis
+    slots: int  # input rows each run caches
+    geometry: tuple  # the generic kernels' trailing arguments (maxima, sums)
+    serial: object  # for a call without Indices: the serial entry point,
+    serial_args: tuple  # its trailing arguments,
+    parallel: object  # the parallel driver,
+    parallel_args: tuple  # and its trailing arguments but the thread count
+
+
+def _launch(plan: WindowPlan, threads: int) -> Launch:
+    """The Launch of this plan on ``threads`` threads."""
     try:
         return plan.launches[threads]
     except KeyError:
@@ -99,7 +124,7 @@ def _launch(plan: WindowPlan, threads: int) -> tuple:
                  (None, *geometry, chunks))
     else:
         calls = (sums.sum_pool_units, geometry, sums.sum_pool, (*geometry, chunks))
-    launch = plan.launches[threads] = (units, chunks, block, slots, geometry, calls)
+    launch = plan.launches[threads] = Launch(units, chunks, block, slots, geometry, *calls)
     return launch
 
 
@@ -175,7 +200,9 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     rows_out = as_storage(y.reshape(rows_in.shape[0], -1), plan.dtype)
     # a small call runs on this thread: its split need not depend on the thread count
     threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
-    units, chunks, block, slots, geometry, calls = _launch(plan, threads)
+    # unpacked, not read by name: this runs on every call
+    (units, chunks, block, slots, geometry, serial, serial_args, parallel,
+     parallel_args) = _launch(plan, threads)
     guarded = _threads.enter_parallel(threads) if chunks else None
     try:
         if return_indices and guarded is not None:
@@ -185,9 +212,9 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
                                   np.empty(block, np.int64),
                                   np.empty(max(slots, 1) * block, np.int64), *geometry)
         elif guarded is None:
-            calls[0](0, units, rows_in, rows_out, *calls[1])
+            serial(0, units, rows_in, rows_out, *serial_args)
         else:
-            calls[2](rows_in, rows_out, *calls[3], threads)
+            parallel(rows_in, rows_out, *parallel_args, threads)
     finally:
         if guarded:
             _threads.leave_parallel()
@@ -265,7 +292,7 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     if not rows[0]:
         return y
     # a view when x is C-ordered and native; otherwise one copy, which leaves x as it was
-    rows_in = read_only(np.ascontiguousarray(x, dtype).reshape(rows))
+    rows_in = kernel_input(np.ascontiguousarray(x, dtype).reshape(rows))
     rows_out = y.reshape(rows[0])
     if storage is not None:
         rows_in, rows_out = rows_in.view(storage), rows_out.view(storage)
@@ -310,9 +337,9 @@ def run_unpool(plan: UnpoolPlan, x: np.ndarray, indices: np.ndarray):
     y = np.zeros(plan.out_shape, dtype=plan.dtype)
     if x.size == 0:
         return y
-    flat_x = as_storage(read_only(np.ascontiguousarray(x, dtype=plan.dtype).reshape(-1)),
+    flat_x = as_storage(kernel_input(np.ascontiguousarray(x, dtype=plan.dtype).reshape(-1)),
                         plan.dtype)
-    flat_indices = read_only(np.ascontiguousarray(indices, dtype=np.int64).reshape(-1))
+    flat_indices = kernel_input(np.ascontiguousarray(indices, dtype=np.int64).reshape(-1))
     rows_out = as_storage(y.reshape(plan.out_shape[0] * plan.out_shape[1], -1), plan.dtype)
     g = plan.geometry
     unpool.max_unpool(flat_x, flat_indices, rows_out, g["default_spatial"], g["out_strides"])
