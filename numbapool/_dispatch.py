@@ -49,7 +49,9 @@ def channel_rows(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """
     # ascontiguousarray returns the array itself when it is already C-ordered and of dtype
     rows = np.ascontiguousarray(array, dtype=dtype).reshape(array.shape[0] * array.shape[1], -1)
-    return as_storage(kernel_input(rows), dtype)
+    if not rows.flags.writeable:  # kernel_input's test, here without a call: every call runs it
+        rows = kernel_input(rows)
+    return as_storage(rows, dtype)
 
 
 class _Alias:
