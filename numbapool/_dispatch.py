@@ -49,30 +49,7 @@ def channel_rows(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """
     # ascontiguousarray returns the array itself when it is already C-ordered and of dtype
     rows = np.ascontiguousarray(array, dtype=dtype).reshape(array.shape[0] * array.shape[1], -1)
-    if not rows.flags.writeable:  # kernel_input's test, here without a call: every call runs it
-        rows = kernel_input(rows)
     return as_storage(rows, dtype)
-
-
-class _Alias:
-    """An object numpy makes an array of: ``interface`` describes the memory, ``owner``
-    keeps it alive as long as the array is."""
-
-    def __init__(self, interface: dict, owner: np.ndarray):
-        self.__array_interface__ = interface
-        self.owner = owner
-
-
-def kernel_input(view: np.ndarray) -> np.ndarray:
-    """``view`` as every kernel receives its inputs: writable. numba compiles a kernel once
-    per argument type, and read-only is a type of its own, so a read-only input would
-    compile every kernel it reaches again; such an input gets a writable alias of its
-    memory instead, which the kernels only read. A flag test for the usual input: marking
-    every input read-only instead cost a tenth of the smallest calls' time."""
-    if view.flags.writeable:
-        return view
-    interface = dict(view.__array_interface__, data=(view.__array_interface__["data"][0], False))
-    return np.asarray(_Alias(interface, view))
 
 
 def as_storage(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -294,7 +271,7 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     if not rows[0]:
         return y
     # a view when x is C-ordered and native; otherwise one copy, which leaves x as it was
-    rows_in = kernel_input(np.ascontiguousarray(x, dtype).reshape(rows))
+    rows_in = np.ascontiguousarray(x, dtype).reshape(rows)
     rows_out = y.reshape(rows[0])
     if storage is not None:
         rows_in, rows_out = rows_in.view(storage), rows_out.view(storage)
@@ -339,9 +316,8 @@ def run_unpool(plan: UnpoolPlan, x: np.ndarray, indices: np.ndarray):
     y = np.zeros(plan.out_shape, dtype=plan.dtype)
     if x.size == 0:
         return y
-    flat_x = as_storage(kernel_input(np.ascontiguousarray(x, dtype=plan.dtype).reshape(-1)),
-                        plan.dtype)
-    flat_indices = kernel_input(np.ascontiguousarray(indices, dtype=np.int64).reshape(-1))
+    flat_x = as_storage(np.ascontiguousarray(x, dtype=plan.dtype).reshape(-1), plan.dtype)
+    flat_indices = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
     rows_out = as_storage(y.reshape(plan.out_shape[0] * plan.out_shape[1], -1), plan.dtype)
     g = plan.geometry
     unpool.max_unpool(flat_x, flat_indices, rows_out, g["default_spatial"], g["out_strides"])

@@ -78,27 +78,3 @@ def test_a_second_process_compiles_nothing():
     assert _process_compiles() == []
     assert _cache_files() == filled
 
-
-def test_a_read_only_input_takes_the_kernels_a_writable_one_took():
-    import numpy as np
-
-    import numbapool
-    from numbapool._kernels import columns, global_, maxima, sums, unpool
-
-    kernels = [columns.column_units, maxima.max_pool_units, sums.sum_pool_units,
-               global_.global_max_units, global_.global_sum_units, unpool.max_unpool]
-
-    def calls(x):
-        y, indices = numbapool.max_pool(x, [3, 3], return_indices=True)
-        return [numbapool.max_pool(x, [2, 3]), numbapool.average_pool(x, [3, 3]),
-                numbapool.global_max_pool(x), numbapool.global_average_pool(x),
-                numbapool.max_unpool(y, indices, [3, 3]), y, indices]
-
-    writable = np.random.default_rng(3).standard_normal((1, 2, 7, 7)).astype(np.float32)
-    expected = calls(writable)
-    signatures = [len(kernel.signatures) for kernel in kernels]
-    read_only = writable.copy()
-    read_only.flags.writeable = False
-    for got, want in zip(calls(read_only), expected):
-        np.testing.assert_array_equal(got, want)
-    assert [len(kernel.signatures) for kernel in kernels] == signatures
