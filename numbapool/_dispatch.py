@@ -249,8 +249,8 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
                    (bits.type(np.iinfo(bits).max), bits.type(_INF_BITS[plan.dtype]),
                     bits.type(8 * bits.itemsize - 1)), storage, bits)
     else:
-        kernels = (global_.global_sum_pool, global_.global_sum_units,
-                   (float(p), _p_kind(op, p)), storage, None)
+        serial, parallel = global_.global_sum_kernels(_p_kind(op, p))
+        kernels = (parallel, serial, (float(p),), storage, None)
     if len(_GLOBAL_CALLS) >= _MAX_GLOBAL_CALLS:  # shapes that never repeat: stay bounded
         _GLOBAL_CALLS.clear()
     call = _GLOBAL_CALLS[op, shape, dtype, p] = (plan.out_shape, plan.dtype, plan.rows) + kernels

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import _plan
@@ -54,8 +56,9 @@ def _windows():
 def _exercise(op: str, dtype: np.dtype) -> None:
     """Call ``op`` on a small input and on one big enough for the parallel kernel (more
     than 2**15 output-taps), which compiles both entry points of each kernel it reaches;
-    the global pools also on one thread (their serial entry point) and, for the sums, the
-    kernels that numbapool.dask continues and finishes them with."""
+    the global pools also on one thread (their serial entry point), GlobalLpPool for each
+    kind of p, and, for the sums, the kernels that numbapool.dask continues and finishes
+    them with."""
     import numbapool
 
     from . import _dispatch
@@ -78,12 +81,15 @@ def _exercise(op: str, dtype: np.dtype) -> None:
             y, indices = numbapool.max_pool(x, [2, 2], strides=[2, 2], return_indices=True)
             numbapool.max_unpool(y, indices, [2, 2], strides=[2, 2])
             continue
-        function = {"GlobalMaxPool": numbapool.global_max_pool,
-                    "GlobalAveragePool": numbapool.global_average_pool,
-                    "GlobalLpPool": numbapool.global_lp_pool}[op]
-        function(x)
-        with numbapool.threads(1):
-            function(x)
+        # GlobalLpPool compiles per kind of p: |x| (p = 1), x ** 2 (p = 2), any other p
+        calls = {"GlobalMaxPool": [numbapool.global_max_pool],
+                 "GlobalAveragePool": [numbapool.global_average_pool],
+                 "GlobalLpPool": [functools.partial(numbapool.global_lp_pool, p=p)
+                                  for p in (1, 2, 3)]}[op]
+        for call in calls:
+            call(x)
+            with numbapool.threads(1):
+                call(x)
         if op != "GlobalMaxPool":
             totals = _dispatch.continue_global_sums(op, x, dtype, np.zeros(4))
             _dispatch.finish_global_sums(op, totals, side * side, dtype, (1, 4, 1, 1))

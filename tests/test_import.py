@@ -8,7 +8,7 @@ SCRIPT = """
 import json, sys
 import numbapool
 from numbapool._kernels import global_, maxima, sums, unpool
-kernels = [maxima.max_pool, sums.sum_pool, global_.global_max_pool, global_.global_sum_pool,
+kernels = [maxima.max_pool, sums.sum_pool, global_.global_max_pool, global_.global_sum_units,
            unpool.max_unpool]
 optional = ["onnx", "onnxruntime", "torch", "dask", "hypothesis", "tqdm"]
 print(json.dumps({"compiled": sum(len(k.signatures) for k in kernels),

@@ -10,6 +10,7 @@ Otherwise channels are scanned GROUP at a time, element i of each in step, so th
 the independent in-order scans vectorize.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -97,15 +98,28 @@ def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, s
             y_bits[nc] = best
 
 
-@njit(parallel=True, **OPTIONS)
-def global_sum_pool(x, y, p, p_kind, threads):
-    """GlobalAveragePool (p_kind 0) and GlobalLpPool (p_kind 1, 2, 3)."""
-    chunks = min(x.shape[0], CHUNKS)
-    before = use_threads(threads)
-    for chunk in prange(chunks):
-        begin, end = x.shape[0] * chunk // chunks, x.shape[0] * (chunk + 1) // chunks
-        global_sum_units(np.int64(begin), np.int64(end), x, y, p, p_kind)
-    use_threads(before)
+@functools.lru_cache(maxsize=None)
+def global_sum_kernels(p_kind):
+    """(serial, parallel) entry points of GlobalAveragePool (p_kind 0) or GlobalLpPool
+    (p_kind 1, 2, 3: |x|, x ** 2, |x| ** p), one kind each: closures over the plain number,
+    which they pass to global_sum_units as a literal, so that a first call compiles the
+    loops of its own kind only (a closure holding a dispatcher would not load from the
+    disk cache: see docs/architecture.md)."""
+
+    @njit(**OPTIONS)
+    def serial(begin, end, x, y, p):
+        global_sum_units(begin, end, x, y, p, p_kind)
+
+    @njit(parallel=True, **OPTIONS)
+    def parallel(x, y, p, threads):
+        chunks = min(x.shape[0], CHUNKS)
+        before = use_threads(threads)
+        for chunk in prange(chunks):
+            begin, end = x.shape[0] * chunk // chunks, x.shape[0] * (chunk + 1) // chunks
+            global_sum_units(np.int64(begin), np.int64(end), x, y, p, p_kind)
+        use_threads(before)
+
+    return serial, parallel
 
 
 @njit(inline="always")
@@ -274,14 +288,12 @@ def reordered_units(begin, end, x, y, p, p_kind):
 @njit(**OPTIONS)
 def global_sum_units(begin, end, x, y, p, p_kind):
     """Each channel's terms added in order, or a result proved equal to that (see the
-    module's docstring); otherwise channels go GROUP at a time, element i of each in step."""
-    if y.itemsize < 8:  # float64 results would need the exact sum: no gain
-        if p_kind == 0:
-            return reordered_units(begin, end, x, y, p, 0)
-        if p_kind == 1:
-            return reordered_units(begin, end, x, y, p, 1)
-        if p_kind == 2:
-            return reordered_units(begin, end, x, y, p, 2)
+    module's docstring); otherwise channels go GROUP at a time, element i of each in step.
+    ``p_kind`` arrives as a literal (global_sum_kernels): each call below is compiled for
+    that one kind, and its tests of the kind fold away."""
+    # float64 results would need the exact sum: no gain; p_kind 3's root is not monotonic
+    if y.itemsize < 8 and p_kind <= 2:
+        return reordered_units(begin, end, x, y, p, p_kind)
     flat = x.reshape(x.size)
     size = np.uint64(x.shape[1])
     totals = np.empty(GROUP, np.float64)
@@ -291,15 +303,7 @@ def global_sum_units(begin, end, x, y, p, p_kind):
         for c in range(GROUP):
             totals[c] = 0.0
         if count == GROUP:
-            # one loop per kind, the kind a constant in each, so that it vectorizes
-            if p_kind == 0:
-                _group_sums(flat, base, size, totals, p, 0)
-            elif p_kind == 1:
-                _group_sums(flat, base, size, totals, p, 1)
-            elif p_kind == 2:
-                _group_sums(flat, base, size, totals, p, 2)
-            else:
-                _group_sums(flat, base, size, totals, p, 3)
+            _group_sums(flat, base, size, totals, p, p_kind)  # the kind a constant: vectorizes
         else:
             for c in range(count):
                 totals[c] = in_order_sum(flat, base + np.uint64(c) * size, size, p, p_kind)
