@@ -314,8 +314,15 @@ def main(argv=None) -> int:
     parser.add_argument("--first-call", action="store_true",
                         help="instead: each operator's first call in fresh processes, on an "
                              "empty and a warm cache, and warmup of float32")
+    parser.add_argument("--dask", action="store_true",
+                        help="instead: numbapool.dask on a local cluster, an input several "
+                             "times the workers' memory, and the overhead on one that fits")
     args = parser.parse_args(argv)
     rounds = 5 if args.quick else 25
+    if args.dask:
+        from ._bench_dask import dask_report
+        print(dask_report())
+        return 0
     if args.scaling:
         numba.set_num_threads(args.threads)
         print(scaling(args.threads, rounds))

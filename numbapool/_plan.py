@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import dataclasses
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -145,16 +146,21 @@ class WindowPlan:
 
     @functools.cached_property
     def geometry(self) -> dict:
-        """The window geometry as int64 arrays, as the kernels take them.
+        """The window geometry as int64 arrays, as the kernels take them
+        (``window_geometry``)."""
+        return self.window_geometry()
+
+    def window_geometry(self, divisor_counts: np.ndarray | None = None) -> dict:
+        """The window geometry as int64 arrays, as the kernels take them; the divisor counts
+        given, or this plan's own.
 
         ``axes`` has one row per quantity (the AXIS_* rows above) and one
         column per spatial axis. ``taps`` lists every tap of the window as per-axis tap
         numbers, in row-major order (the scan order that decides ties and the first NaN);
         ``tap_offsets`` is each tap's element offset from the window's first tap in a
         C-ordered input; ``tap_outputs[k]`` the [first, end) run of outputs along the last
-        axis for which tap number k of that axis lies inside the input there. ``divisor_counts[axis, o]`` is how
-        many of the axis's taps AveragePool counts at output position o; a window's divisor
-        is the product over its axes. ``lead_rows`` lists the window's input rows (one per
+        axis for which tap number k of that axis lies inside the input there.
+        ``divisor_counts`` is AveragePool's (``divisor_counts()``). ``lead_rows`` lists the window's input rows (one per
         tap of the leading axes) as offsets counted in rows of the last axis.
         """
         rank = len(self.kernel_shape)
@@ -176,34 +182,45 @@ class WindowPlan:
         axes[AXIS_EXTENT] = window_extents(self.kernel_shape, self.dilations)
         taps = np.indices(self.kernel_shape, dtype=np.int64).reshape(rank, -1).T.copy()
         tap_offsets = taps @ (np.array(self.dilations, dtype=np.int64) * row_major)
-        # Per axis and output position: which of that axis's taps fall inside the input,
-        # and inside the padded extent [-pb, in + pe) (count_include_pad=1 divides by those).
-        inside, padded = zip(*(self._taps_inside(axis) for axis in range(rank)))
-        width = max(self.spatial_out)
-        divisor_counts = np.zeros((rank, width), dtype=np.int64)
-        for axis in range(rank):
-            chosen = padded[axis] if self.count_include_pad else inside[axis]
-            divisor_counts[axis, :chosen.shape[0]] = chosen.sum(axis=1)
-        # Along the last axis each tap number k is inside for one run [first, end) of outputs.
-        last_inside = inside[-1]
-        counts = last_inside.sum(axis=0)
-        firsts = np.where(counts > 0, last_inside.argmax(axis=0), 0)
-        runs = np.stack([firsts, firsts + counts], axis=1)
+        if divisor_counts is None:
+            divisor_counts = self.divisor_counts((0,) * rank, max(self.spatial_out))
+        # Along the last axis each tap number k is inside for one run [first, end) of outputs:
+        # first * stride - pad + k * dilation >= 0, and < the input's length before end.
+        stride, pad, dilation = self.strides[-1], self.pads_begin[-1], self.dilations[-1]
+        lags = pad - np.arange(self.kernel_shape[-1], dtype=np.int64) * dilation
+        firsts = np.clip(-(-lags // stride), 0, self.spatial_out[-1])
+        ends = np.clip(-(-(self.spatial_in[-1] + lags) // stride), 0, self.spatial_out[-1])
+        runs = np.where((firsts < ends)[:, None], np.stack([firsts, ends], axis=1), 0)
         # The window's input rows (one per tap of the leading axes), as offsets in rows.
         lead_rows = tap_offsets[::self.kernel_shape[-1]] // self.spatial_in[-1]
         return dict(axes=axes, taps=taps, tap_offsets=np.ascontiguousarray(tap_offsets),
                     tap_outputs=np.ascontiguousarray(runs),
                     lead_rows=np.ascontiguousarray(lead_rows), divisor_counts=divisor_counts)
 
-    def _taps_inside(self, axis: int) -> tuple:
-        """Two (out, k) boolean tables for one axis: tap k of output o lies inside the input;
-        and inside the padded extent."""
-        size, stride = self.spatial_in[axis], self.strides[axis]
-        begin, end = self.pads_begin[axis], self.pads_end[axis]
-        starts = np.arange(self.spatial_out[axis]) * stride - begin
-        positions = starts[:, None] + np.arange(self.kernel_shape[axis]) * self.dilations[axis]
-        return ((positions >= 0) & (positions < size),
-                (positions >= -begin) & (positions < size + end))
+    def divisor_counts(self, first_outputs: tuple, width: int) -> np.ndarray:
+        """(rank, width) int64: [axis, j] is how many of the axis's taps AveragePool counts
+        at output position first_outputs[axis] + j (0 past the axis's last output): the taps
+        inside the input, or inside the padded extent [-pad begin, in + pad end) with
+        count_include_pad. A window's divisor is the product over its axes. Arithmetic per
+        output position, not per tap: a long axis costs no table of taps. (rank, 0) for
+        MaxPool and LpPool, which divide by nothing."""
+        if self.op != "AveragePool":
+            width = 0
+        counts = np.zeros((len(self.kernel_shape), width), dtype=np.int64)
+        for axis, first in enumerate(first_outputs):
+            low, high = 0, self.spatial_in[axis]
+            if self.count_include_pad:
+                low, high = -self.pads_begin[axis], high + self.pads_end[axis]
+            row = counts[axis, :max(0, min(width, self.spatial_out[axis] - first))]
+            _taps_within(row, first * self.strides[axis] - self.pads_begin[axis],
+                         self.strides[axis], low, high, self.kernel_shape[axis],
+                         self.dilations[axis])
+        return counts
+
+    def __reduce__(self):
+        # a plan travels (numbapool.dask's tasks) as its fields only: its geometry and
+        # launches are rebuilt where it lands, not shipped
+        return (type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
 
     @functools.cached_property
     def launches(self) -> dict:
@@ -233,6 +250,25 @@ class WindowPlan:
             rows.append(("storage_order", self.storage_order))
         body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
         return f"<table>{body}</table>"
+
+
+def _taps_within(row: np.ndarray, start: int, stride: int, low: int, high: int, kernel: int,
+                 dilation: int) -> None:
+    """row[j] = how many taps k in [0, kernel) of the window starting at start + j * stride
+    lie in [low, high): low <= its start + k * dilation < high for k from
+    ceil((low - start) / dilation) to below ceil((high - start) / dilation). Every tap of
+    the windows between the edges: only the edges are computed, so that a long row costs
+    no temporaries."""
+    count = row.shape[0]
+    # inner windows: start + j * stride >= low and start + j * stride + extent - 1 < high
+    inner_lo = min(count, max(0, -((start - low) // stride)))
+    inner_hi = min(count, max(inner_lo, -((start + (kernel - 1) * dilation - high) // stride)))
+    row[inner_lo:inner_hi] = kernel
+    for edge in (slice(0, inner_lo), slice(inner_hi, count)):
+        starts = start + np.arange(edge.start, edge.stop, dtype=np.int64) * stride
+        first = np.maximum(0, -((starts - low) // dilation))
+        end = np.minimum(kernel, -((starts - high) // dilation))
+        row[edge] = np.maximum(0, end - first)
 
 
 def _row_major_strides(shape) -> np.ndarray:
@@ -361,13 +397,8 @@ def region_plan(plan: WindowPlan, region_shape: tuple, pads: tuple, first_output
     region = _window_plan(plan.op, tuple(region_shape), plan.dtype, plan.kernel_shape,
                           plan.strides, pads, "NOTSET", 0, plan.dilations,
                           plan.count_include_pad, plan.p, plan.storage_order)
-    geometry = dict(region.geometry)
-    whole_counts = plan.geometry["divisor_counts"]
-    counts = np.zeros_like(geometry["divisor_counts"])
-    for axis, (first, length) in enumerate(zip(first_outputs, region.spatial_out)):
-        counts[axis, :length] = whole_counts[axis, first:first + length]
-    geometry["divisor_counts"] = counts
-    region.__dict__["geometry"] = geometry  # the cached_property's slot: this plan only
+    width = max(region.spatial_out)
+    region.__dict__["geometry"] = region.window_geometry(plan.divisor_counts(first_outputs, width))
     return region
 
 

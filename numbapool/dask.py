@@ -3,21 +3,21 @@
 Needs dask (``pip install "numbapool[dask]"``); ``import numbapool`` alone never imports it.
 
 Windowed pools (``max_pool``, ``average_pool``, ``lp_pool``): chunks along N and C map one
-to one. Along each spatial axis, output chunk k holds the outputs whose windows start in
-input chunk k (so output chunks follow the input's, and the output is never rechunked), and
-its task reads the input from its first window's first tap to its last window's last tap:
-the chunk plus a halo of less than one window extent ``(kernel - 1) * dilation + 1`` on the
-high side. Each task runs the in-memory kernel on that region, with pads that put its
-windows where the whole call puts them and the whole call's divisor counts, so every window
-meets the same taps in the same order as in one call on the whole array, and the result is
-identical to the last bit. MaxPool Indices are offsets into the
-whole input, as in memory.
+to one. Along each spatial axis the output chunks are regular (all of one length but the
+last, the windows of the largest input chunk), and each output chunk's task reads the input
+from its first window's first tap to its last window's last tap: about one input chunk
+plus a halo of less than one window extent ``(kernel - 1) * dilation + 1``. Each task runs
+the in-memory kernel on that region, with pads that put its windows where the whole call
+puts them and the whole call's divisor counts, so every window meets the same taps in the
+same order as in one call on the whole array, and the result is identical to the last bit.
+MaxPool Indices are offsets into the whole input, as in memory.
 
-Global pools: the inner spatial axes are rechunked whole (slabs along the first spatial
-axis), so that slab order is the row-major order of each channel. GlobalMaxPool takes each
-slab's first maximum and reduces them in a tree, earlier slabs first. GlobalAveragePool and
-GlobalLpPool carry each channel's float64 running sum from slab to slab, in order: the same
-additions as the in-memory call, which a tree of partial sums could not promise.
+Global pools: each channel's row-major sequence is cut into consecutive pieces no larger
+than the largest input chunk. GlobalMaxPool takes each piece's first maximum and reduces
+them in a tree, earlier pieces first. GlobalAveragePool and GlobalLpPool carry each
+channel's float64 running sum from piece to piece, in order: the same additions as the
+in-memory call, which a tree of partial sums could not promise. docs/dask.md gives the
+memory a task holds.
 """
 
 from __future__ import annotations
@@ -45,27 +45,13 @@ def _as_dask(x) -> da.Array:
 
 
 def _output_ranges(plan: _plan.WindowPlan, axis: int, input_chunks: tuple) -> list:
-    """[first, end) output positions of each output chunk along one spatial axis: the
-    outputs whose window starts in each input chunk. A range whose windows all miss the
-    input joins its neighbour, so that every task reads at least one element."""
-    stride, begin = plan.strides[axis], plan.pads_begin[axis]
+    """[first, end) output positions of each output chunk along one spatial axis: all of
+    one length but the last (a result goes to zarr as it is), the windows of about the
+    largest input chunk (its length over the stride), so that a task reads about one input
+    chunk plus a halo."""
     count = plan.spatial_out[axis]
-    bounds = {0, count}
-    for boundary in itertools.accumulate(input_chunks[:-1]):
-        # first output whose window starts at or after this input boundary
-        bounds.add(min(count, max(0, -(-(boundary + begin) // stride))))
-    bounds = sorted(bounds)
-    merged, pending = [], None
-    for first, end in zip(bounds, bounds[1:]):
-        lo, hi = _input_range(plan, axis, first, end)
-        if lo >= hi and merged:  # every window of the range misses the input
-            merged[-1] = (merged[-1][0], end)
-        elif lo >= hi:
-            pending = first if pending is None else pending
-        else:
-            merged.append((first if pending is None else pending, end))
-            pending = None
-    return merged or [(0, count)]
+    length = max(1, min(count, -(-max(input_chunks) // plan.strides[axis])))
+    return [(first, min(first + length, count)) for first in range(0, count, length)]
 
 
 def _input_range(plan: _plan.WindowPlan, axis: int, first: int, end: int) -> tuple:
@@ -183,44 +169,80 @@ def lp_pool(x, kernel_shape, *, p=2, strides=None, pads=None, auto_pad="NOTSET",
 # --------------------------------------------------------------------------- global pools
 
 
-def _slabs(op: str, x) -> da.Array:
-    """``x`` checked, with its inner spatial axes in one chunk each."""
+def _pieces(op: str, x) -> da.Array:
+    """``x`` checked and rechunked so that its blocks, in row-major order of block index,
+    are consecutive row-major pieces of each channel, each about the size of the largest
+    input chunk at most: whole rows of the innermost axes that fit, a run along the next
+    axis, and one element along the axes before it. A row too long to fit is cut too."""
     x = _as_dask(x)
     _plan.global_plan(op, x.shape, x.dtype)
-    return x.rechunk({axis: -1 for axis in range(3, x.ndim)})
+    spatial = x.shape[2:]
+    budget = math.prod(max(c, default=1) for c in x.chunks)  # elements of the largest chunk
+    channels = max(x.chunks[0], default=1) * max(x.chunks[1], default=1)
+    per_channel = max(1, budget // max(channels, 1))
+    axis = 0  # the first spatial axis whose inner rows fit
+    while math.prod(spatial[axis + 1:]) > per_channel:
+        axis += 1
+    run = max(1, min(spatial[axis], per_channel // math.prod(spatial[axis + 1:])))
+    chunks = {2 + a: 1 for a in range(axis)}
+    chunks[2 + axis] = run
+    chunks.update({2 + a: -1 for a in range(axis + 1, len(spatial))})
+    # "tasks": each piece gathered in one task from the chunks it overlaps, nothing larger
+    return x.rechunk(chunks, method="tasks", block_size_limit=budget * x.dtype.itemsize)
 
 
-def _first_maximum(block, axis=None, keepdims=True):
-    # the blocks of a reduction step arrive concatenated in slab order along axis 2
-    return numbapool.global_max_pool(block)
+def _in_order(parts: list, combine, fan_in: int = 8):
+    """A tree of ``combine`` over ``parts``, each call on consecutive parts in order."""
+    while len(parts) > 1:
+        parts = [combine(*parts[i:i + fan_in]) for i in range(0, len(parts), fan_in)]
+    return parts[0]
+
+
+def _first_maximum(*maxima):
+    """The first maximum of consecutive pieces' first maxima, earlier pieces first."""
+    return numbapool.global_max_pool(np.concatenate(maxima, axis=2))
+
+
+def _by_channel_block(op: str, x, reduce) -> da.Array:
+    """The global pool of ``x``: ``reduce(pieces, n, c)`` gives, as a delayed value, the
+    (n, c, 1, ...) result of one block of channels from its pieces in row-major order."""
+    x = _pieces(op, x)
+    pieces = x.to_delayed()  # (N blocks, C blocks, spatial blocks...)
+    blocks = np.empty(pieces.shape[:2], dtype=object)
+    for n_block, c_block in np.ndindex(blocks.shape):
+        n, c = x.chunks[0][n_block], x.chunks[1][c_block]
+        out_shape = (n, c) + (1,) * (x.ndim - 2)
+        pieces_in_order = list(pieces[n_block, c_block].reshape(-1))
+        result = reduce(pieces_in_order, n, c)
+        blocks[n_block, c_block] = da.from_delayed(result, out_shape, dtype=x.dtype)
+    return da.block(blocks.reshape(blocks.shape + (1,) * (x.ndim - 2)).tolist())
 
 
 def global_max_pool(x):
-    """numbapool.global_max_pool on a dask array: a tree of per-slab first maxima."""
-    x = _slabs("GlobalMaxPool", x)
-    spatial = tuple(range(2, x.ndim))
-    return da.reduction(x, _first_maximum, _first_maximum, combine=_first_maximum,
-                        axis=spatial, keepdims=True, dtype=x.dtype, concatenate=True,
-                        meta=np.empty((0,) * x.ndim, dtype=x.dtype))
+    """numbapool.global_max_pool on a dask array: each piece's first maximum, then a tree
+    of first maxima over consecutive pieces, earlier pieces first."""
+    maximum = dask.delayed(numbapool.global_max_pool, pure=True)
+    combine = dask.delayed(_first_maximum, pure=True)
+    return _by_channel_block("GlobalMaxPool", x,
+                             lambda pieces, n, c: _in_order([maximum(p) for p in pieces],
+                                                            combine))
 
 
 def _global_sums(op: str, x, p: float = 2.0) -> da.Array:
-    x = _slabs(op, x)
-    out_shape_of = lambda n, c: (n, c) + (1,) * (x.ndim - 2)  # noqa: E731
+    """Each channel's float64 running sum carried from piece to piece, in order, then the
+    mean or the root: the same additions as the in-memory call."""
+    x = _as_dask(x)
     size = math.prod(x.shape[2:])
     carry = dask.delayed(_dispatch.continue_global_sums, pure=True)
     finish = dask.delayed(_dispatch.finish_global_sums, pure=True)
-    slabs = x.to_delayed()  # (N chunks, C chunks, slab chunks, 1, ...)
-    blocks = np.empty(slabs.shape[:2], dtype=object)
-    for n_block, c_block in np.ndindex(blocks.shape):
-        n, c = x.chunks[0][n_block], x.chunks[1][c_block]
+
+    def reduce(pieces, n, c):
         totals = np.zeros(n * c, dtype=np.float64)
-        for slab in slabs[n_block, c_block].reshape(-1):
-            totals = carry(op, slab, x.dtype, totals, p)
-        blocks[n_block, c_block] = da.from_delayed(
-            finish(op, totals, size, x.dtype, out_shape_of(n, c), p), out_shape_of(n, c),
-            dtype=x.dtype)
-    return da.block(blocks.reshape(blocks.shape + (1,) * (x.ndim - 2)).tolist())
+        for piece in pieces:
+            totals = carry(op, piece, x.dtype, totals, p)
+        return finish(op, totals, size, x.dtype, (n, c) + (1,) * (x.ndim - 2), p)
+
+    return _by_channel_block(op, x, reduce)
 
 
 def global_average_pool(x):

@@ -123,13 +123,16 @@ def test_global_pools_random_chunkings(client, op):
         assert_bitwise_equal(client.compute(lazy).result(), in_memory(x))
 
 
-def test_output_chunks_follow_the_input_grid():
+def test_output_chunks_are_regular():
     x = da.zeros((2, 3, 100, 60), chunks=(1, 2, 25, 30), dtype=np.float32)
     y = nd.max_pool(x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-    # outputs whose window starts in each input chunk: 2 * o - 1 >= 25, 50, 75 and >= 30
-    assert y.chunks == ((1, 1), (2, 1), (13, 13, 12, 12), (16, 14))
+    # 50 x 30 outputs; the windows of 25 and 30 input elements at stride 2: 13 and 15
+    assert y.chunks == ((1, 1), (2, 1), (13, 13, 13, 11), (15, 15))
     assert y.shape == numbapool.plan("MaxPool", x.shape, x.dtype, [3, 3], strides=[2, 2],
                                      pads=[1, 1, 1, 1]).out_shape
+    # irregular input chunks: the largest sets the length
+    y = nd.average_pool(x.rechunk({2: (10, 40, 50)}), [2, 1], strides=[3, 1])
+    assert y.chunks[2:] == ((17, 16), (30, 30))
 
 
 def test_lazy_until_computed_and_errors_at_call_time():
