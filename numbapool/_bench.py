@@ -3,7 +3,11 @@
 Method, so that a ratio means something on a small, noisy machine:
 
 * one thread count for everyone (numba threads = onnxruntime intra_op_num_threads = torch
-  threads); onnxruntime without spinning, at the faster of its EXTENDED and ALL graph levels;
+  threads = OpenVINO INFERENCE_NUM_THREADS = XLA's intra-op threads); onnxruntime without
+  spinning, at the faster of its EXTENDED and ALL graph levels; OpenVINO in one stream at
+  f32 precision; JAX with the input on the device beforehand and ``jax_enable_x64``;
+* each peer runs the cases it expresses directly (the peers are the ``bench`` extra: any
+  not installed is left out);
 * engines run interleaved, in blocks of at least ``BLOCK_SECONDS`` each, round after round;
   a time is the median over rounds, a ratio the median of the per-round ratios;
 * the roofline is (bytes read + bytes written) / the bandwidth of a streaming copy measured
@@ -54,9 +58,9 @@ def copy_bandwidth(rounds: int = 5) -> float:
 # --------------------------------------------------------------------------- peers
 
 
-def _onnxruntime_runner(case: Case, x: np.ndarray, threads: int):
+def _onnx_model(case: Case, x: np.ndarray) -> bytes:
+    """The case as a one-node ONNX model (opset 22), serialized."""
     import onnx
-    import onnxruntime as ort
     from onnx import helper
 
     element = helper.np_dtype_to_tensor_dtype(x.dtype)
@@ -68,6 +72,13 @@ def _onnxruntime_runner(case: Case, x: np.ndarray, threads: int):
                                        None) for name in outputs])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
     model.ir_version = 10
+    return model.SerializeToString()
+
+
+def _onnxruntime_runner(case: Case, x: np.ndarray, threads: int):
+    import onnxruntime as ort
+
+    model = _onnx_model(case, x)
     runners = []
     for level in (ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
                   ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
@@ -76,7 +87,7 @@ def _onnxruntime_runner(case: Case, x: np.ndarray, threads: int):
         options.inter_op_num_threads = 1
         options.graph_optimization_level = level
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = ort.InferenceSession(model.SerializeToString(), options,
+        session = ort.InferenceSession(model, options,
                                        providers=["CPUExecutionProvider"])
         feed = {"x": x}
         runners.append(lambda session=session, feed=feed: session.run(None, feed))
@@ -117,7 +128,74 @@ def _torch_runner(case: Case, x: np.ndarray, threads: int):
     return None  # LpPool: torch has no padding for it
 
 
-PEERS = {"onnxruntime": _onnxruntime_runner, "torch": _torch_runner}
+def _openvino_runner(case: Case, x: np.ndarray, threads: int):
+    import openvino as ov
+
+    core = ov.Core()
+    model = core.read_model(_onnx_model(case, x), b"")  # the same model onnxruntime runs
+    # f32 inference: the CPU plugin's default precision on bf16-capable CPUs is bf16
+    compiled = core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                 "NUM_STREAMS": 1,
+                                                 "INFERENCE_PRECISION_HINT": "f32"})
+    request = compiled.create_infer_request()
+    feed = {0: x}
+    return lambda: request.infer(feed, share_inputs=True)
+
+
+def _jax_runner(case: Case, x: np.ndarray, threads: int):
+    import os
+
+    # read once, when jax first starts its CPU backend
+    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true "
+                                       f"intra_op_parallelism_threads={threads}")
+    import jax
+    from jax import lax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_enable_x64", True)  # float64 stays float64
+    if case.return_indices or case.attrs.get("ceil_mode"):
+        return None  # no Indices output; no ceil_mode
+    rank = x.ndim - 2
+    axes = tuple(range(2, x.ndim))
+    attrs = case.attrs
+    if case.op == "GlobalAveragePool":
+        function = lambda a: jnp.mean(a, axis=axes, keepdims=True)
+    elif case.op == "GlobalMaxPool":
+        function = lambda a: jnp.max(a, axis=axes, keepdims=True)
+    else:
+        if "auto_pad" in attrs:
+            return None
+        window = (1, 1, *attrs["kernel_shape"])
+        strides = (1, 1, *attrs.get("strides", [1] * rank))
+        pads = attrs.get("pads", [0] * (2 * rank))
+        padding = ((0, 0), (0, 0), *zip(pads[:rank], pads[rank:]))
+        dilation = (1, 1, *attrs.get("dilations", [1] * rank))
+
+        def window_sum(a):
+            return lax.reduce_window(a, jnp.zeros((), a.dtype), lax.add, window, strides,
+                                     padding, window_dilation=dilation)
+
+        if case.op == "MaxPool":
+            lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+            function = lambda a: lax.reduce_window(a, jnp.array(lowest, a.dtype), lax.max,
+                                                   window, strides, padding,
+                                                   window_dilation=dilation)
+        elif case.op == "AveragePool":
+            if attrs.get("count_include_pad", 0):
+                count = np.prod(attrs["kernel_shape"])
+                function = lambda a: window_sum(a) / count
+            else:
+                function = lambda a: window_sum(a) / window_sum(jnp.ones_like(a))
+        else:  # LpPool
+            p = attrs.get("p", 2)
+            function = lambda a: window_sum(jnp.abs(a) ** p) ** (1 / p)
+    compiled = jax.jit(function)
+    on_device = jax.device_put(x)
+    return lambda: compiled(on_device).block_until_ready()
+
+
+PEERS = {"onnxruntime": _onnxruntime_runner, "torch": _torch_runner,
+         "openvino": _openvino_runner, "jax": _jax_runner}
 
 
 def _peer_runners(case: Case, x: np.ndarray, threads: int) -> dict:
@@ -162,16 +240,20 @@ def measure(case: Case, threads: int, rounds: int, bandwidth: float) -> dict:
 
 
 def format_table(rows: list, threads: int, bandwidth: float) -> str:
+    """One column per engine in PEERS (n/a where it is not installed or cannot run the
+    case); the ratio is to the fastest peer of each row."""
     def cell(value, digits=3):
         return "n/a" if value is None else f"{value:.{digits}f}"
 
+    engines = ["numbapool", *PEERS]
     lines = [f"threads: {threads}; streaming copy: {bandwidth / 1e9:.2f} GB/s", "",
-             "| case | numbapool ms | onnxruntime ms | torch ms | numbapool / best peer "
-             "| numbapool / roofline |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| case | " + " | ".join(f"{name} ms" for name in engines)
+             + " | best peer | numbapool / best peer | numbapool / roofline |",
+             "| --- |" + " ---: |" * len(engines) + " --- | ---: | ---: |"]
     for row in rows:
         lines.append(
-            f"| {row['case']} | {cell(row['numbapool ms'])} | {cell(row.get('onnxruntime ms'))} "
-            f"| {cell(row.get('torch ms'))} | {cell(row['vs best peer'], 2)} "
+            f"| {row['case']} | " + " | ".join(cell(row.get(f"{name} ms")) for name in engines)
+            + f" | {row['best peer'] or 'n/a'} | {cell(row['vs best peer'], 2)} "
             f"| {cell(row['vs roofline'], 2)} |")
     return "\n".join(lines)
 

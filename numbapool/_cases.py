@@ -27,7 +27,9 @@ CASES = [
                                                            count_include_pad=0)),
     Case("densenet", "AveragePool", (8, 128, 56, 56), dict(kernel_shape=[2, 2], strides=[2, 2])),
     Case("lp", "LpPool", (8, 64, 56, 56), dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], p=2)),
+    Case("lp p=3", "LpPool", (8, 64, 56, 56), dict(kernel_shape=[2, 2], strides=[2, 2], p=3)),
     Case("global avg", "GlobalAveragePool", (32, 2048, 7, 7)),
+    Case("global avg long", "GlobalAveragePool", (4, 256, 56, 56)),
     Case("global max", "GlobalMaxPool", (32, 2048, 7, 7)),
     Case("3-d", "MaxPool", (2, 32, 16, 56, 56), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),
     Case("1-d", "AveragePool", (16, 64, 16000), dict(kernel_shape=[4], strides=[4])),
@@ -46,7 +48,7 @@ CASES_BY_NAME = {case.name: case for case in CASES}
 _STEM = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
 SCALING_CASES = [
     Case("N*C = 1", "MaxPool", (1, 1, 2048, 2048), _STEM),
-    Case("lp p=3", "LpPool", (8, 64, 56, 56), dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], p=3)),
+    Case("lp p=3 3x3", "LpPool", (8, 64, 56, 56), dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], p=3)),
     CASES_BY_NAME["big kernel"],
     Case("resnet stem N=2", "MaxPool", (2, 64, 112, 112), _STEM),
     Case("resnet stem N=4", "MaxPool", (4, 64, 112, 112), _STEM),

@@ -16,14 +16,21 @@ def test_bench_command_prints_the_table():
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| case"))
-    rows = [line.split("|")[1:-1] for line in lines[header + 2:]]
-    assert [r[0].strip() for r in rows] == ["tiny", "global max"]
+    columns = [cell.strip() for cell in lines[header].split("|")[1:-1]]
+    rows = [dict(zip(columns, (cell.strip() for cell in line.split("|")[1:-1])))
+            for line in lines[header + 2:]]
+    assert [row["case"] for row in rows] == ["tiny", "global max"]
+    peers = [name[:-3] for name in columns[2:] if name.endswith(" ms")]
+    assert columns[1] == "numbapool ms" and {"onnxruntime", "torch"} <= set(peers)
     for row in rows:
-        numbapool_ms, onnxruntime_ms = float(row[1]), float(row[2])  # onnxruntime is a test dep
-        assert numbapool_ms > 0 and onnxruntime_ms > 0
-        fastest_peer_ms = min(float(v) for v in row[2:4] if v.strip() != "n/a")
+        numbapool_ms = float(row["numbapool ms"])
+        peer_ms = {name: float(row[f"{name} ms"]) for name in peers if row[f"{name} ms"] != "n/a"}
+        assert numbapool_ms > 0 and peer_ms["onnxruntime"] > 0  # onnxruntime is a test dep
+        best = row["best peer"]
+        assert peer_ms[best] == pytest.approx(min(peer_ms.values()), rel=0.5)
         # a median of per-round ratios, not the ratio of the medians: close, not equal
-        assert float(row[4]) == pytest.approx(numbapool_ms / fastest_peer_ms, rel=0.5)
+        assert float(row["numbapool / best peer"]) == pytest.approx(
+            numbapool_ms / peer_ms[best], rel=0.5)
 
 
 def test_bench_rejects_an_unknown_case():
@@ -52,7 +59,7 @@ def test_scaling_report():
     assert result.returncode == 0, result.stderr
     rows = [line.split("|")[1:-1] for line in result.stdout.splitlines()
             if line.startswith("| ") and not line.startswith("| case") and "---" not in line]
-    assert [row[0].strip() for row in rows][:3] == ["N*C = 1", "lp p=3", "big kernel"]
+    assert [row[0].strip() for row in rows][:3] == ["N*C = 1", "lp p=3 3x3", "big kernel"]
     for row in rows:
         assert all(float(cell) > 0 for cell in row[1:])
 
