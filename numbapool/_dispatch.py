@@ -163,10 +163,10 @@ def _rows_shared(plan: WindowPlan) -> bool:
 
 def _p_kind(op: str, p: float) -> int:
     """The summing kernels' kind: 0 a mean (AveragePool, GlobalAveragePool), else how they
-    raise to the power p: 1 abs, 2 a square, 3 pow()."""
+    raise to the power p: 1 abs, 2 a square, 3 a cube, 4 pow()."""
     if op in ("AveragePool", "GlobalAveragePool"):
         return 0
-    return {1.0: 1, 2.0: 2}.get(p, 3)
+    return {1.0: 1, 2.0: 2, 3.0: 3}.get(p, 4)
 
 
 def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):

@@ -81,11 +81,11 @@ def _exercise(op: str, dtype: np.dtype) -> None:
             y, indices = numbapool.max_pool(x, [2, 2], strides=[2, 2], return_indices=True)
             numbapool.max_unpool(y, indices, [2, 2], strides=[2, 2])
             continue
-        # GlobalLpPool compiles per kind of p: |x| (p = 1), x ** 2 (p = 2), any other p
+        # GlobalLpPool compiles per kind of p: |x| (p = 1), x ** 2 (2), |x| ** 3 (3), any other p
         calls = {"GlobalMaxPool": [numbapool.global_max_pool],
                  "GlobalAveragePool": [numbapool.global_average_pool],
                  "GlobalLpPool": [functools.partial(numbapool.global_lp_pool, p=p)
-                                  for p in (1, 2, 3)]}[op]
+                                  for p in (1, 2, 3, 0.5)]}[op]
         for call in calls:
             call(x)
             with numbapool.threads(1):

@@ -23,8 +23,9 @@ from .threads import use_threads
 
 @njit(inline="always")
 def lp_term(value, p, p_kind):
-    """The summand: value itself (p_kind 0, AveragePool), |value| (1), value ** 2 (2) or
-    |value| ** p (3)."""
+    """The summand: value itself (p_kind 0, AveragePool), |value| (1), value ** 2 (2),
+    |value| ** 3 (3) or |value| ** p (4). The integer powers are products: for inputs of
+    at most 24 significant bits, |value| ** 3 is then the cube rounded once to float64."""
     if p_kind == 0:
         return value
     magnitude = abs(value)
@@ -32,6 +33,8 @@ def lp_term(value, p, p_kind):
         return magnitude
     if p_kind == 2:
         return magnitude * magnitude
+    if p_kind == 3:
+        return magnitude * magnitude * magnitude
     return magnitude ** p
 
 
@@ -63,9 +66,12 @@ def _sum_run(source, offset, step, totals, begin, count, p, p_kind):
     elif p_kind == 2:
         for j in range(count):
             totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 2)
-    else:
+    elif p_kind == 3:
         for j in range(count):
             totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 3)
+    else:
+        for j in range(count):
+            totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 4)
 
 
 @njit(inline="always")
@@ -194,7 +200,7 @@ def _three_row_means(rows, row_bases, out, out_begin, first, count, divisor_coun
 @njit(parallel=True, **OPTIONS)
 def sum_pool(x, y, p, p_kind, zero, axes, taps, tap_offsets, tap_outputs, lead_rows,
              divisor_counts, block, slots, chunks, threads):
-    """AveragePool (p_kind 0) and LpPool (p_kind 1, 2, 3) over each window's taps inside the
+    """AveragePool (p_kind 0) and LpPool (p_kind 1 to 4) over each window's taps inside the
     input, accumulated in the type of ``zero`` (float32 or float64). AveragePool divides by
     the product over axes of ``divisor_counts``; a divisor of 0 (a window with no tap
     inside) gives 0."""
