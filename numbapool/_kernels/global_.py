@@ -102,9 +102,9 @@ def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, s
 def global_sum_kernels(p_kind):
     """(serial, parallel) entry points of GlobalAveragePool (p_kind 0) or GlobalLpPool
     (p_kind 1 to 4: |x|, x ** 2, |x| ** 3, |x| ** p), one kind each: closures over the
-    plain number, which they pass to global_sum_units as a literal, so that a first call compiles the
-    loops of its own kind only (a closure holding a dispatcher would not load from the
-    disk cache: see docs/architecture.md)."""
+    plain number, which they pass to global_sum_units as a literal, so that a first call
+    compiles the loops of its own kind only (a closure holding a dispatcher would not load
+    from the disk cache: see docs/architecture.md)."""
 
     @njit(**OPTIONS)
     def serial(begin, end, x, y, p):
