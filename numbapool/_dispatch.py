@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _threads
-from ._kernels import columns, fixed, global_, maxima, sums, unpool
+from ._kernels import columns, fixed, global_, maxima, parallel, sums, unpool
 from ._plan import BFLOAT16, UnpoolPlan, WindowPlan, global_plan, window_extents
 
 # 16-bit floats reach numba as their bit patterns; see _kernels/codec.py.
@@ -71,13 +71,11 @@ class Launch(NamedTuple):
 
     units: int  # work units (docs/architecture.md)
     chunks: int  # runs of units the parallel driver deals out; 0: run serially
-    block: int  # outputs per unit along the last axis
-    slots: int  # input rows each run caches
-    geometry: tuple  # the generic kernels' trailing arguments (maxima, sums)
-    serial: object  # for a call without Indices: the serial entry point,
-    serial_args: tuple  # its trailing arguments,
-    parallel: object  # the parallel driver,
-    parallel_args: tuple  # and its trailing arguments but the thread count
+    entry: object  # the serial entry point: (unit_begin, unit_end, x, y, *arguments)
+    arguments: tuple  # its trailing arguments
+    indices_arguments: tuple  # MaxPool's: max_pool_units_with_indices's after Indices
+    driver: object  # the parallel driver of the entry point's family
+    addresses: dict  # the entry point's address per (Indices?, x writable?), as met
 
 
 def _launch(plan: WindowPlan, threads: int) -> Launch:
@@ -88,22 +86,23 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
         pass
     block, units, chunks, slots = _work_split(plan, threads)
     g = plan.geometry
+    indices_arguments = None
     if plan.op == "MaxPool":
-        geometry = (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"],
-                    g["tap_outputs"], g["lead_rows"], block, slots)
+        indices_arguments = (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"],
+                             g["tap_outputs"], g["lead_rows"], block, slots)
+        entry, arguments = maxima.max_pool_units, indices_arguments
+        driver = parallel.maxima_in_parallel
     else:  # AveragePool is the p_kind 0 of the summing kernel
-        geometry = (plan.p, _p_kind(plan.op, plan.p), _sum_zero(plan), g["axes"], g["taps"],
-                    g["tap_offsets"], g["tap_outputs"], g["lead_rows"], g["divisor_counts"],
-                    block, slots)
+        entry = sums.sum_pool_units
+        arguments = (plan.p, _p_kind(plan.op, plan.p), _sum_zero(plan), g["axes"], g["taps"],
+                     g["tap_offsets"], g["tap_outputs"], g["lead_rows"], g["divisor_counts"],
+                     block, slots)
+        driver = parallel.sums_in_parallel
     special = _specialized(plan)
     if special is not None:
-        calls = (special[0], (*special[2], block), special[1], (*special[2], block, chunks))
-    elif plan.op == "MaxPool":
-        calls = (maxima.max_pool_units, (None, None, None, *geometry), maxima.max_pool,
-                 (None, *geometry, chunks))
-    else:
-        calls = (sums.sum_pool_units, geometry, sums.sum_pool, (*geometry, chunks))
-    launch = plan.launches[threads] = Launch(units, chunks, block, slots, geometry, *calls)
+        entry, arguments = special[0], (*special[1], block)
+    launch = plan.launches[threads] = Launch(units, chunks, entry, arguments, indices_arguments,
+                                             driver, {})
     return launch
 
 
@@ -175,25 +174,24 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     if y.size == 0:
         return (y, indices) if return_indices else y
     rows_in = channel_rows(x, plan.dtype)
-    index_rows = indices.reshape(rows_in.shape[0], -1) if return_indices else None
     rows_out = as_storage(y.reshape(rows_in.shape[0], -1), plan.dtype)
     # a small call runs on this thread: its split need not depend on the thread count
     threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
     # unpacked, not read by name: this runs on every call
-    (units, chunks, block, slots, geometry, serial, serial_args, parallel,
-     parallel_args) = _launch(plan, threads)
+    units, chunks, entry, arguments, indices_arguments, driver, addresses = _launch(plan, threads)
+    if return_indices:  # only the generic kernel tracks the winning taps
+        entry = maxima.max_pool_units_with_indices
+        arguments = (indices.reshape(rows_in.shape[0], -1), *indices_arguments)
     guarded = _threads.enter_parallel(threads) if chunks else None
     try:
-        if return_indices and guarded is not None:
-            maxima.max_pool(rows_in, rows_out, index_rows, *geometry, chunks, threads)
-        elif return_indices:
-            maxima.max_pool_units(0, units, rows_in, rows_out, index_rows,
-                                  np.empty(block, np.int64),
-                                  np.empty(max(slots, 1) * block, np.int64), *geometry)
-        elif guarded is None:
-            serial(0, units, rows_in, rows_out, *serial_args)
+        if guarded is None:
+            entry(0, units, rows_in, rows_out, *arguments)
         else:
-            parallel(rows_in, rows_out, *parallel_args, threads)
+            arrays = (rows_in, rows_out, *arguments)
+            key = (return_indices, rows_in.flags.writeable)
+            address = addresses.get(key) or addresses.setdefault(
+                key, parallel.entry_address(entry, arrays))
+            driver(address, units, chunks, threads, arrays)
     finally:
         if guarded:
             _threads.leave_parallel()
@@ -201,11 +199,11 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
 
 
 def _specialized(plan: WindowPlan):
-    """(units kernel, parallel driver, their geometry arguments) for a call without Indices
+    """(serial entry point, its arguments but the block) for a call without Indices
     that a specialized kernel serves, else None; kept on the plan, so that a repeated call
     does no work here. Measured faster than the rank-generic kernels (docs/performance.md):
     a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool), else, for MaxPool over two or
-    more spatial axes, the input-rows-first columns.columns_kernels of its kind."""
+    more spatial axes, the input-rows-first columns.column_units_of_kind of its kind."""
     try:
         return plan.launches["special"]
     except KeyError:
@@ -218,18 +216,18 @@ def _specialized(plan: WindowPlan):
         kernels = fixed.FIXED_WINDOWS.get(key)
     special = None
     if kernels is not None:
-        max_units, max_driver, sum_units, sum_driver = kernels
+        max_units, sum_units = kernels
         if plan.op == "MaxPool":
-            special = (max_units, max_driver,
+            special = (max_units,
                        (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]))
         else:
-            special = (sum_units, sum_driver,
+            special = (sum_units,
                        (g["axes"], g["taps"], g["tap_offsets"], g["divisor_counts"]))
     elif plan.op == "MaxPool" and rank >= 2:
         # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
         check_ties = plan.dtype.kind not in "iu"
         kind = columns.column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1])
-        special = (*columns.columns_kernels(*kind, rank >= 3),
+        special = (columns.column_units_of_kind(*kind, rank >= 3),
                    (lowest_value(plan.dtype), check_ties, g["axes"], g["taps"],
                     g["tap_offsets"]))
     plan.launches["special"] = special
@@ -238,22 +236,24 @@ def _specialized(plan: WindowPlan):
 
 def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
     """What a valid global pooling call with these arguments needs besides its arrays:
-    (out_shape, dtype, rows, parallel kernel, serial kernel, their trailing arguments, the
-    storage dtype of 16-bit floats or None, the dtype of the bits GlobalMaxPool compares
-    or None). Validates, and keeps the answer for the next call."""
+    (out_shape, dtype, rows, serial entry point, its trailing arguments, the storage dtype
+    of 16-bit floats or None, the dtype of the bits GlobalMaxPool compares or None, the
+    parallel driver, the entry point's address per x writable?). Validates, and keeps the
+    answer for the next call."""
     plan = global_plan(op, shape, dtype)
     storage = _STORAGE.get(plan.dtype)
     if op == "GlobalMaxPool":
         bits = _SIGNED_BITS[plan.dtype.itemsize]
-        kernels = (global_.global_max_pool, global_.global_max_units,
+        kernels = (global_.global_max_units,
                    (bits.type(np.iinfo(bits).max), bits.type(_INF_BITS[plan.dtype]),
-                    bits.type(8 * bits.itemsize - 1)), storage, bits)
+                    bits.type(8 * bits.itemsize - 1)), storage, bits, parallel.maxima_in_parallel)
     else:
-        serial, parallel = global_.global_sum_kernels(_p_kind(op, p))
-        kernels = (parallel, serial, (float(p),), storage, None)
+        kernels = (global_.global_sum_kernels(_p_kind(op, p)), (float(p),), storage, None,
+                   parallel.sums_in_parallel)
     if len(_GLOBAL_CALLS) >= _MAX_GLOBAL_CALLS:  # shapes that never repeat: stay bounded
         _GLOBAL_CALLS.clear()
-    call = _GLOBAL_CALLS[op, shape, dtype, p] = (plan.out_shape, plan.dtype, plan.rows) + kernels
+    call = _GLOBAL_CALLS[op, shape, dtype, p] = (plan.out_shape, plan.dtype, plan.rows, *kernels,
+                                                 {})
     return call
 
 
@@ -266,7 +266,7 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)
     call = _GLOBAL_CALLS.get((op, x.shape, x.dtype, p)) or _global_call(op, x.shape, x.dtype, p)
-    out_shape, dtype, rows, parallel_kernel, serial_kernel, constants, storage, bits = call
+    out_shape, dtype, rows, entry, constants, storage, bits, driver, addresses = call
     y = np.empty(out_shape, dtype)
     if not rows[0]:
         return y
@@ -283,9 +283,12 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     guarded = _threads.enter_parallel(threads)
     try:
         if guarded is None:
-            serial_kernel(np.int64(0), np.int64(rows[0]), *arrays, *constants)
+            entry(np.int64(0), np.int64(rows[0]), *arrays, *constants)
         else:
-            parallel_kernel(*arrays, *constants, threads)
+            arguments = (*arrays, *constants)
+            address = addresses.get(rows_in.flags.writeable) or addresses.setdefault(
+                rows_in.flags.writeable, parallel.entry_address(entry, arguments))
+            driver(address, rows[0], min(rows[0], global_.CHUNKS), threads, arguments)
     finally:
         if guarded:
             _threads.leave_parallel()

@@ -37,12 +37,14 @@ def _choose(what: str, given, known: dict) -> list:
 
 def _windows():
     """(kernel_shape, strides, pads) reaching every windowed kernel: the rank-generic ones
-    (a padded 3x3 window), each of fixed.FIXED_WINDOWS, and MaxPool's input-rows-first
-    kernels (columns.columns_kernels), one per kind of last-axis window, over two and three
+    (a padded 3x3 window; MaxPool without Indices takes them over one axis), each of
+    fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels
+    (columns.column_units_of_kind), one per kind of last-axis window, over two and three
     spatial axes (3-high windows: a 2x2 one would take a fixed window's kernel)."""
     from ._kernels import columns, fixed
 
     yield [3, 3], [1, 1], [1, 1, 1, 1]
+    yield [3], [1], [1, 1]
     for depth, height, width, step in fixed.FIXED_WINDOWS:
         kernel = [height, width] if depth == 1 else [depth, height, width]
         yield kernel, [1] * (len(kernel) - 1) + [step], None
@@ -66,7 +68,9 @@ def _exercise(op: str, dtype: np.dtype) -> None:
     for side in (4, 128):
         if op in ("MaxPool", "AveragePool", "LpPool"):
             for kernel, strides, pads in _windows():
-                x = np.zeros((1, 4) + (side,) * len(kernel), dtype=dtype)
+                # one axis: as many elements as a plane, to reach the parallel driver too
+                spatial = (side * side,) if len(kernel) == 1 else (side,) * len(kernel)
+                x = np.zeros((1, 4) + spatial, dtype=dtype)
                 if op == "MaxPool":
                     numbapool.max_pool(x, kernel, strides=strides, pads=pads)
                     numbapool.max_pool(x, kernel, strides=strides, pads=pads,

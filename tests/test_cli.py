@@ -113,13 +113,14 @@ def test_warmup_reaches_every_windowed_kernel():
     script = ("import numbapool\n"
               "from numbapool._kernels import columns, fixed, maxima, sums\n"
               "numbapool.warmup(['MaxPool', 'AveragePool'], ['float32'], progress=False)\n"
-              "kernels = [maxima.max_pool, maxima.max_pool_units, sums.sum_pool,\n"
-              "           sums.sum_pool_units]\n"
+              "from numbapool._kernels import parallel\n"
+              "kernels = [maxima.max_pool_units, sums.sum_pool_units,\n"
+              "           parallel.maxima_in_parallel, parallel.sums_in_parallel]\n"
               "for kinds in fixed.FIXED_WINDOWS.values():\n"
               "    kernels += list(kinds)\n"
               "for width, step in columns.COLUMN_KINDS:\n"
               "    for outer_axes in (False, True):\n"
-              "        kernels += list(columns.columns_kernels(width, step, outer_axes))\n"
+              "        kernels.append(columns.column_units_of_kind(width, step, outer_axes))\n"
               "print(sorted(k.py_func.__name__ for k in kernels if not k.signatures))\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=600)

@@ -95,9 +95,11 @@ def test_a_second_process_compiles_nothing():
                     for process in [_start("maxima"), _start("sums")])
     assert not maxima & sums
     # the parallel drivers and the kernels they call are among what they compiled
-    assert {"max_pool", "sum_pool", "global_max_pool", "global_sum_kernels.<locals>.parallel",
-            "max_unpool", "columns_kernels.<locals>.driver",
-            "fixed_window_kernels.<locals>.max_driver"} <= maxima | sums
+    assert {"maxima_in_parallel", "sums_in_parallel", "max_pool_units",
+            "max_pool_units_with_indices", "sum_pool_units",
+            "global_max_units", "global_sum_kernels.<locals>.serial", "max_unpool",
+            "column_units_of_kind.<locals>.units_of_kind",
+            "fixed_window_kernels.<locals>.max_units"} <= maxima | sums
     filled = _cache_files()
     assert filled
     # a process making every call of both compiles nothing and writes nothing

@@ -12,15 +12,14 @@ than the row-major one, are taken again in row-major order: results are the same
 import functools
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INPUT_STRIDE, AXIS_OUT,
                      AXIS_PAD_BEGIN, AXIS_STRIDE)
 from . import OPTIONS
 from .codec import decode
-from .units import chunk_units, first_unit_row, tap_is_inside, unit_count, unit_row
+from .units import first_unit_row, tap_is_inside, unit_row
 from .maxima import border_max, fold_max, fold_max_run, start_maxima
-from .threads import use_threads
 
 
 @njit(inline="always")
@@ -48,7 +47,7 @@ def _fold_column_rows(columns, lo, hi, source, row_starts, rows):
                 columns[base + k], source[at0 + k]), source[at1 + k]), source[at2 + k])
 
 
-# The largest input plane (last two axes) columns_kernels folds into scratch: 256 KiB of
+# The largest input plane (last two axes) column_units folds into scratch: 256 KiB of
 # float32, within a core's L2 cache.
 PLANE_ELEMENTS = 1 << 16
 
@@ -86,7 +85,7 @@ def _column_windows(columns, target, base, count, width, step):
         target[base + np.uint64(j)] = value
 
 
-# Last-axis windows (width, step), undilated, whose taps columns_kernels takes in one loop
+# Last-axis windows (width, step), undilated, whose taps column_units_of_kind takes in one loop
 # body; other windows take theirs one run at a time, at a constant step where it is 1 or 2
 # (width 0), else at any step (0, 0).
 COLUMN_WINDOWS = ((3, 2), (3, 1), (2, 2))
@@ -103,7 +102,7 @@ def column_kind(width, step, dilation):
     return 0, step if step in (1, 2) else 0
 
 
-# The kind of window arrives as literal arguments (from the closures of columns_kernels),
+# The kind of window arrives as literal arguments (from the closures of column_units_of_kind),
 # so that each kind compiles loops of its own with them constant.
 @njit(**OPTIONS)
 def column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps, tap_offsets, block,
@@ -211,11 +210,11 @@ def column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps, tap
 
 
 @functools.lru_cache(maxsize=None)
-def columns_kernels(window_width, window_step, outer_axes):
-    """(units, driver) of MaxPool without Indices taken input rows first (column_units), for
-    one kind of window: ``window_width`` taps at ``window_step`` along the last axis (a pair of
-    COLUMN_KINDS: width 0 for any window outside COLUMN_WINDOWS, step 0 for any step), and
-    ``outer_axes`` whether there are three or more spatial axes. Each kind compiles only
+def column_units_of_kind(window_width, window_step, outer_axes):
+    """The serial entry point of MaxPool without Indices taken input rows first
+    (column_units) for one kind of window: ``window_width`` taps at ``window_step`` along
+    the last axis (a pair of COLUMN_KINDS: width 0 for any window outside COLUMN_WINDOWS,
+    step 0 for any step), and ``outer_axes`` whether there are three or more spatial axes. Each kind compiles only
     its own loops, so that a first call compiles one of them, not all. Closures over plain
     numbers only, as fixed_window_kernels."""
 
@@ -225,14 +224,4 @@ def columns_kernels(window_width, window_step, outer_axes):
         column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps, tap_offsets,
                      block, window_width, window_step, outer_axes)
 
-    @njit(parallel=True, **OPTIONS)
-    def driver(x, y, lowest, check_ties, axes, taps, tap_offsets, block, chunks, threads):
-        units = unit_count(x.shape[0], axes, block)
-        before = use_threads(threads)
-        for chunk in prange(chunks):
-            unit_begin, unit_end = chunk_units(chunk, chunks, units)
-            column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps,
-                         tap_offsets, block, window_width, window_step, outer_axes)
-        use_threads(before)
-
-    return units_of_kind, driver
+    return units_of_kind

@@ -10,16 +10,14 @@ their taps one by one, in the generic kernels' order: the results are the same, 
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .._plan import AXIS_IN, AXIS_PAD_BEGIN
 from . import OPTIONS
 from .codec import as_accumulator, decode, encode
-from .units import (chunk_units, first_unit_row, interior_outputs, interior_span, unit_count,
-                    unit_row)
+from .units import first_unit_row, interior_outputs, interior_span, unit_row
 from .maxima import border_max, fold_max
 from .sums import border_sum
-from .threads import use_threads
 
 
 @njit(inline="always")
@@ -105,7 +103,7 @@ def fixed_sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor
 
 
 def fixed_window_kernels(depth, height, width, step):
-    """(max units, max driver, sum units, sum driver) for a depth x height x width window
+    """(max units, sum units), the serial entry points, for a depth x height x width window
     (depth 1: a 2-D window) with no dilation, and this last-axis step. Closures over plain
     numbers only: numba keys a closure's disk-cache entry on its cells' pickled contents,
     which for a dispatcher differ in every process."""
@@ -115,32 +113,12 @@ def fixed_window_kernels(depth, height, width, step):
         fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block,
                         depth, height, width, step)
 
-    @njit(parallel=True, **OPTIONS)
-    def max_driver(x, y, lowest, axes, taps, tap_offsets, block, chunks, threads):
-        units = unit_count(x.shape[0], axes, block)
-        before = use_threads(threads)
-        for chunk in prange(chunks):
-            unit_begin, unit_end = chunk_units(chunk, chunks, units)
-            fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block,
-                            depth, height, width, step)
-        use_threads(before)
-
     @njit(**OPTIONS)
     def sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts, block):
         fixed_sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts,
                         block, depth, height, width, step)
 
-    @njit(parallel=True, **OPTIONS)
-    def sum_driver(x, y, axes, taps, tap_offsets, divisor_counts, block, chunks, threads):
-        units = unit_count(x.shape[0], axes, block)
-        before = use_threads(threads)
-        for chunk in prange(chunks):
-            unit_begin, unit_end = chunk_units(chunk, chunks, units)
-            fixed_sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts,
-                            block, depth, height, width, step)
-        use_threads(before)
-
-    return max_units, max_driver, sum_units, sum_driver
+    return max_units, sum_units
 
 
 # (depth, height, width, last-axis step) -> kernels; compiled on first use, like the rest.

@@ -14,17 +14,16 @@ import functools
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .codec import decode, encode, float32_bits
 from .prefetch import prefetch_ahead
-from .threads import use_threads
 from . import OPTIONS
 from .maxima import keeps
 from .sums import lp_root, lp_term
 
-# Contiguous runs of channels per parallel chunk: the loops live in plain functions, which
-# numba optimizes better than code inside the parallel region.
+# Runs of channels the parallel driver deals out, at most: the loops live in plain
+# functions, which numba optimizes better than code inside the parallel region.
 CHUNKS = 64
 # Channels summed side by side; channels whose magnitudes are bounded together.
 GROUP = 16
@@ -38,18 +37,6 @@ SHORT_CHANNEL = PIECE // 2
 EPSILON = np.finfo(np.float64).eps / 2
 # A float32's bits less its sign
 MAGNITUDE_BITS = np.uint32(0x7FFFFFFF)
-
-
-@njit(parallel=True, **OPTIONS)
-def global_max_pool(x, bits, y, y_bits, magnitude_mask, inf_bits, sign_shift, threads):
-    """The first largest element of each channel, bit for bit; a NaN gives the first NaN."""
-    chunks = min(x.shape[0], CHUNKS)
-    before = use_threads(threads)
-    for chunk in prange(chunks):
-        begin, end = x.shape[0] * chunk // chunks, x.shape[0] * (chunk + 1) // chunks
-        global_max_units(np.int64(begin), np.int64(end), x, bits, y, y_bits, magnitude_mask,
-                         inf_bits, sign_shift)
-    use_threads(before)
 
 
 @njit(inline="always")
@@ -71,7 +58,9 @@ def order_key(bits, magnitude_mask, sign_shift):
 
 @njit(**OPTIONS)
 def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, sign_shift):
-    """Each channel's maximum as an integer maximum of order keys over ``bits`` (the
+    """The first largest element of each channel, bit for bit; a NaN gives the first NaN.
+
+    Each channel's maximum as an integer maximum of order keys over ``bits`` (the
     elements' bit patterns as signed integers), which vectorizes. Equal floats other than
     zeros and NaNs have equal bits, so that maximum is the first maximum; a channel whose
     maximum is a zero (+0 and -0 tie) or that holds a NaN is scanned again in order.
@@ -100,7 +89,7 @@ def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, s
 
 @functools.lru_cache(maxsize=None)
 def global_sum_kernels(p_kind):
-    """(serial, parallel) entry points of GlobalAveragePool (p_kind 0) or GlobalLpPool
+    """The serial entry point of GlobalAveragePool (p_kind 0) or GlobalLpPool
     (p_kind 1 to 4: |x|, x ** 2, |x| ** 3, |x| ** p), one kind each: closures over the
     plain number, which they pass to global_sum_units as a literal, so that a first call
     compiles the loops of its own kind only (a closure holding a dispatcher would not load
@@ -110,16 +99,7 @@ def global_sum_kernels(p_kind):
     def serial(begin, end, x, y, p):
         global_sum_units(begin, end, x, y, p, p_kind)
 
-    @njit(parallel=True, **OPTIONS)
-    def parallel(x, y, p, threads):
-        chunks = min(x.shape[0], CHUNKS)
-        before = use_threads(threads)
-        for chunk in prange(chunks):
-            begin, end = x.shape[0] * chunk // chunks, x.shape[0] * (chunk + 1) // chunks
-            global_sum_units(np.int64(begin), np.int64(end), x, y, p, p_kind)
-        use_threads(before)
-
-    return serial, parallel
+    return serial
 
 
 @njit(inline="always")

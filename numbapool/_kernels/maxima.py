@@ -13,14 +13,13 @@ first NaN wins) and the tap-by-tap maximum of a border output (``border_max``).
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .._plan import AXIS_DILATION, AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
 from . import OPTIONS
 from .codec import decode
-from .units import (chunk_units, first_input_row, first_unit, input_index, input_row_strides,
-                    next_unit, place_row, row_slot, tap_is_inside, tap_run, unit_count)
-from .threads import use_threads
+from .units import (first_input_row, first_unit, input_index, input_row_strides, next_unit,
+                    place_row, row_slot, tap_is_inside, tap_run)
 
 
 @njit(inline="always")
@@ -99,36 +98,35 @@ def max_over_last_axis(source, row_start, first, end, step, target, target_taps,
         max_run(source, offset, step, target, target_taps, tap_base + kw, base + begin, count)
 
 
-@njit(parallel=True, **OPTIONS)
-def max_pool(x, y, indices, lowest, axes, taps, tap_offsets, tap_outputs, lead_rows, block,
-             slots, chunks, threads):
-    """Max over each window; the first NaN wins, ties go to the first maximum in the scan.
-
-    ``y`` receives the winning element itself (bit for bit), or ``lowest`` for a window
-    with no tap inside the input; ``indices``, unless None, the winner's offset in the whole
-    input, numbered with the index strides, or -1. Whether ``indices`` is None is known when
-    numba compiles, so each case gets loops of its own.
-    """
-    units = unit_count(x.shape[0], axes, block)
-    before = use_threads(threads)
-    for chunk in prange(chunks):
-        unit_begin, unit_end = chunk_units(chunk, chunks, units)
-        if indices is None:
-            max_pool_units(unit_begin, unit_end, x, y, None, None, None, lowest, axes, taps,
-                           tap_offsets, tap_outputs, lead_rows, block, slots)
-        else:
-            max_pool_units(unit_begin, unit_end, x, y, indices, np.empty(block, np.int64),
-                           np.empty(max(slots, 1) * block, np.int64), lowest, axes, taps,
-                           tap_offsets, tap_outputs, lead_rows, block, slots)
-    use_threads(before)
-
-
-# The loops live in a plain function that the parallel driver calls: inside numba's
+# The loops live in plain functions that the parallel driver calls: inside numba's
 # parallel region they optimize (and vectorize) far worse.
 @njit(**OPTIONS)
-def max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, row_taps, lowest, axes, taps,
-                   tap_offsets, tap_outputs, lead_rows, block, slots):
-    """A window's first maximum in row-major order is the first maximum over its rows of
+def max_pool_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, tap_outputs,
+                   lead_rows, block, slots):
+    """Max over each window; the first NaN wins, ties go to the first maximum in the scan.
+    ``y`` receives the winning element itself (bit for bit), or ``lowest`` for a window
+    with no tap inside the input."""
+    _max_pool_units(unit_begin, unit_end, x, y, None, None, None, lowest, axes, taps,
+                    tap_offsets, tap_outputs, lead_rows, block, slots)
+
+
+@njit(**OPTIONS)
+def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, lowest, axes, taps,
+                                tap_offsets, tap_outputs, lead_rows, block, slots):
+    """max_pool_units, and in ``indices`` the winner's offset in the whole input, numbered
+    with the index strides, or -1."""
+    _max_pool_units(unit_begin, unit_end, x, y, indices, np.empty(block, np.int64),
+                    np.empty(max(slots, 1) * block, np.int64), lowest, axes, taps, tap_offsets,
+                    tap_outputs, lead_rows, block, slots)
+
+
+@njit(inline="always")
+def _max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, row_taps, lowest, axes, taps,
+                    tap_offsets, tap_outputs, lead_rows, block, slots):
+    """The body of both: ``indices``, ``best_taps`` and ``row_taps`` are all None or all
+    arrays, known when numba compiles, so each case gets loops of its own.
+
+    A window's first maximum in row-major order is the first maximum over its rows of
     each row's first maximum along the last axis: rows come first in that order. So each
     input row's last-axis maxima are computed once, cached, and folded row by row; the
     cache serves the next output rows, whose windows share input rows. With ``slots`` 0

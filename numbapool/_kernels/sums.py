@@ -10,15 +10,13 @@ body, and three-row windows add and divide in one loop.
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .._plan import AXIS_DILATION, AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
 from . import OPTIONS
 from .codec import accumulator_array, as_accumulator, decode, encode
-from .units import (chunk_units, first_input_row, first_unit, input_row_strides, interior_outputs,
-                    interior_span, next_unit, place_row, row_slot, tap_is_inside, tap_run,
-                    unit_count)
-from .threads import use_threads
+from .units import (first_input_row, first_unit, input_row_strides, interior_outputs,
+                    interior_span, next_unit, place_row, row_slot, tap_is_inside, tap_run)
 
 
 @njit(inline="always")
@@ -197,26 +195,15 @@ def _three_row_means(rows, row_bases, out, out_begin, first, count, divisor_coun
         out[out_begin + k] = _mean(total, divisor, zero, y)
 
 
-@njit(parallel=True, **OPTIONS)
-def sum_pool(x, y, p, p_kind, zero, axes, taps, tap_offsets, tap_outputs, lead_rows,
-             divisor_counts, block, slots, chunks, threads):
-    """AveragePool (p_kind 0) and LpPool (p_kind 1 to 4) over each window's taps inside the
-    input, accumulated in the type of ``zero`` (float32 or float64). AveragePool divides by
-    the product over axes of ``divisor_counts``; a divisor of 0 (a window with no tap
-    inside) gives 0."""
-    units = unit_count(x.shape[0], axes, block)
-    before = use_threads(threads)
-    for chunk in prange(chunks):
-        unit_begin, unit_end = chunk_units(chunk, chunks, units)
-        sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_offsets,
-                       tap_outputs, lead_rows, divisor_counts, block, slots)
-    use_threads(before)
-
-
 @njit(**OPTIONS)
 def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_offsets,
                    tap_outputs, lead_rows, divisor_counts, block, slots):
-    """A window's sum is the sum over its rows, in order, of each row's sum along the last
+    """AveragePool (p_kind 0) and LpPool (p_kind 1 to 4) over each window's taps inside the
+    input, accumulated in the type of ``zero`` (float32 or float64). AveragePool divides by
+    the product over axes of ``divisor_counts``; a divisor of 0 (a window with no tap
+    inside) gives 0.
+
+    A window's sum is the sum over its rows, in order, of each row's sum along the last
     axis; each input row's sums are computed once, cached, and serve the next output rows,
     whose windows share input rows."""
     rank = axes.shape[1]

@@ -1,0 +1,78 @@
+"""The parallel drivers: a prange over runs of work units, each run handed to a family's
+serial entry point through the address of its machine code.
+
+Every serial entry point takes ``(unit_begin, unit_end, *arguments)`` and runs those units
+on the calling thread. Called by name, numba would link the entry point's code into each
+driver and optimize and compile it a second time: about 4 s of a first AveragePool's 15.
+Called through its address (an argument, so the driver's code holds no constant that
+differs between processes, and loads from the disk cache), a driver compiles in well under
+a second whatever kernel it runs, and the kernel's loops compile once.
+
+The maxima (MaxPool, GlobalMaxPool) and the sums have a driver each, of one body: numba
+rewrites a function's whole index of cache entries when a process adds one, so processes
+compiling the two families at once share no cached function (tests/test_first_call.py).
+"""
+
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import OPTIONS
+from .threads import use_threads
+from .units import chunk_units
+
+
+@intrinsic
+def _call_units(typingctx, address, unit_begin, unit_end, arguments):
+    """Call the numba-compiled function at ``address``, compiled for (int64, int64, *the
+    types of ``arguments``) and returning None, on units [unit_begin, unit_end)."""
+    if not isinstance(address, types.Integer) or not isinstance(arguments, types.BaseTuple):
+        return None
+    callee_types = (types.int64, types.int64) + tuple(arguments.types)
+
+    def codegen(context, builder, signature, args):
+        address_value, begin, end, packed = args
+        values = [context.cast(builder, begin, signature.args[1], types.int64),
+                  context.cast(builder, end, signature.args[2], types.int64)]
+        values += [builder.extract_value(packed, i) for i in range(len(arguments.types))]
+        function_type = context.call_conv.get_function_type(types.none, callee_types)
+        callee = builder.inttoptr(address_value, function_type.as_pointer())
+        status, _ = context.call_conv.call_function(builder, callee, types.none, callee_types,
+                                                    values)
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        return context.get_dummy_value()
+
+    return types.none(address, unit_begin, unit_end, arguments), codegen
+
+
+@njit(inline="always")
+def _drive(address, units, chunks, threads, arguments):
+    before = use_threads(threads)
+    for chunk in prange(chunks):
+        unit_begin, unit_end = chunk_units(chunk, chunks, units)
+        _call_units(address, unit_begin, unit_end, arguments)
+    use_threads(before)
+
+
+@njit(parallel=True, **OPTIONS)
+def maxima_in_parallel(address, units, chunks, threads, arguments):
+    """Units [0, units) of the maxima entry point at ``address``, in ``chunks`` runs on
+    ``threads`` threads."""
+    _drive(address, units, chunks, threads, arguments)
+
+
+@njit(parallel=True, **OPTIONS)
+def sums_in_parallel(address, units, chunks, threads, arguments):
+    """As maxima_in_parallel, for the summing entry points."""
+    _drive(address, units, chunks, threads, arguments)
+
+
+def entry_address(entry_point, arguments: tuple) -> int:
+    """The address of ``entry_point``'s machine code for ``(unit_begin, unit_end,
+    *arguments)``, compiled or loaded from the cache now if need be. Valid as long as the
+    dispatcher lives (the kernels are module globals)."""
+    signature = (types.int64, types.int64) + tuple(entry_point.typeof_pyval(a) for a in arguments)
+    entry_point.compile(signature)
+    compiled = entry_point.overloads[signature]
+    return compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
