@@ -187,11 +187,9 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
         if guarded is None:
             entry(0, units, rows_in, rows_out, *arguments)
         else:
-            arrays = (rows_in, rows_out, *arguments)
-            key = (return_indices, rows_in.flags.writeable)
-            address = addresses.get(key) or addresses.setdefault(
-                key, parallel.entry_address(entry, arrays))
-            driver(address, units, chunks, threads, arrays)
+            parallel.run_in_parallel(driver, entry, addresses,
+                                     (return_indices, rows_in.flags.writeable), units, chunks,
+                                     threads, (rows_in, rows_out, *arguments))
     finally:
         if guarded:
             _threads.leave_parallel()
@@ -285,10 +283,9 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
         if guarded is None:
             entry(np.int64(0), np.int64(rows[0]), *arrays, *constants)
         else:
-            arguments = (*arrays, *constants)
-            address = addresses.get(rows_in.flags.writeable) or addresses.setdefault(
-                rows_in.flags.writeable, parallel.entry_address(entry, arguments))
-            driver(address, rows[0], min(rows[0], global_.CHUNKS), threads, arguments)
+            parallel.run_in_parallel(driver, entry, addresses, rows_in.flags.writeable,
+                                     rows[0], min(rows[0], global_.CHUNKS), threads,
+                                     (*arrays, *constants))
     finally:
         if guarded:
             _threads.leave_parallel()

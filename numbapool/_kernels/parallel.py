@@ -76,3 +76,14 @@ def entry_address(entry_point, arguments: tuple) -> int:
     entry_point.compile(signature)
     compiled = entry_point.overloads[signature]
     return compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
+
+
+def run_in_parallel(driver, entry_point, addresses: dict, key, units, chunks, threads,
+                    arguments: tuple) -> None:
+    """``driver`` over ``entry_point``'s units [0, units) in ``chunks`` runs on ``threads``
+    threads. ``addresses`` keeps the entry point's address per ``key``, a value that
+    names the argument types (an array's writable flag changes its numba type), so that a
+    repeated call looks it up instead of asking the dispatcher."""
+    address = addresses.get(key) or addresses.setdefault(key, entry_address(entry_point,
+                                                                            arguments))
+    driver(address, units, chunks, threads, arguments)
