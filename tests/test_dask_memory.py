@@ -22,10 +22,13 @@ psutil = pytest.importorskip("psutil")
 zarr = pytest.importorskip("zarr")
 
 CHUNK_BYTES = 8 * 2**20
-# What a worker may use above its baseline before it is killed: a few chunks
-ALLOWANCE_CHUNKS = 6
-# 16 float32 chunks of 8 MiB (128 MiB) per rank, the inner axes cut into 8 or 16 chunks:
-# a task that merged the inner axes whole would hold 8 chunks or more
+# What a worker may use above its baseline before it is killed: a few chunks. A worker
+# holds more than its running task (data in transit, spilling, zarr's buffers, a heap that
+# grows): peaks of 2.5 to 6.5 chunks above the baseline were measured with every pool here
+# correct, while a task that merged the inner axes whole would hold 16 chunks and a copy.
+ALLOWANCE_CHUNKS = 10
+# 16 float32 chunks of 8 MiB (128 MiB) per rank, the inner axes cut into 16 chunks (8
+# along the last)
 SHAPES = {1: ((1, 2, 2**24), (1, 2, 2**20)),
           2: ((1, 2, 2048, 8192), (1, 2, 1024, 1024)),
           3: ((1, 2, 4, 1024, 4096), (1, 2, 4, 512, 512))}
