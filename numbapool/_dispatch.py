@@ -200,7 +200,7 @@ def _specialized(plan: WindowPlan):
     """(serial entry point, its arguments but the block) for a call without Indices
     that a specialized kernel serves, else None; kept on the plan, so that a repeated call
     does no work here. Measured faster than the rank-generic kernels (docs/performance.md):
-    a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool), else, for MaxPool over two or
+    a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool, LpPool), else, for MaxPool over two or
     more spatial axes, the input-rows-first columns.column_units_of_kind of its kind."""
     try:
         return plan.launches["special"]
@@ -209,7 +209,7 @@ def _specialized(plan: WindowPlan):
     rank = len(plan.kernel_shape)
     g = plan.geometry
     kernels = None
-    if plan.op != "LpPool" and rank in (2, 3) and set(plan.dilations) == {1}:
+    if rank in (2, 3) and set(plan.dilations) == {1}:
         key = (1,) * (3 - rank) + plan.kernel_shape + (plan.strides[-1],)
         kernels = fixed.FIXED_WINDOWS.get(key)
     special = None
@@ -219,8 +219,9 @@ def _specialized(plan: WindowPlan):
             special = (max_units,
                        (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]))
         else:
-            special = (sum_units,
-                       (g["axes"], g["taps"], g["tap_offsets"], g["divisor_counts"]))
+            special = (sum_units[_p_kind(plan.op, plan.p)],
+                       (float(plan.p), _sum_zero(plan), g["axes"], g["taps"], g["tap_offsets"],
+                        g["divisor_counts"]))
     elif plan.op == "MaxPool" and rank >= 2:
         # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
         check_ties = plan.dtype.kind not in "iu"

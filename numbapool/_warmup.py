@@ -77,8 +77,9 @@ def _exercise(op: str, dtype: np.dtype) -> None:
                                        return_indices=True)
                 elif op == "AveragePool":
                     numbapool.average_pool(x, kernel, strides=strides, pads=pads)
-                else:
-                    numbapool.lp_pool(x, kernel, strides=strides, pads=pads)
+                else:  # the fixed windows compile per kind of p, as GlobalLpPool below
+                    for p in (1, 2, 3, 0.5):
+                        numbapool.lp_pool(x, kernel, strides=strides, pads=pads, p=p)
             continue
         x = np.zeros((1, 4, side, side), dtype=dtype)
         if op == "MaxUnpool":

@@ -262,8 +262,9 @@ def test_global_pools_over_many_channels(dtype):
 @SETTINGS
 @given(st.data())
 def test_fixed_window_kernels(data):
-    """2x2 windows at stride 2 run on kernels of their own (fixed.FIXED_WINDOWS): the
-    reference's values, and the bits of the rank-generic kernels."""
+    """2x2 windows at stride 2 run on kernels of their own (fixed.FIXED_WINDOWS), for
+    MaxPool, AveragePool and every kind of LpPool's p: the reference's values, and the bits
+    of the rank-generic kernels."""
     from unittest import mock
 
     from numbapool import _dispatch
@@ -276,21 +277,25 @@ def test_fixed_window_kernels(data):
                  strides=[data.draw(st.integers(1, 2)) for _ in range(rank - 1)] + [2],
                  pads=data.draw(st.lists(st.integers(0, 1), min_size=2 * rank, max_size=2 * rank)),
                  ceil_mode=data.draw(st.integers(0, 1)))
-    average = x.dtype.kind == "f" and data.draw(st.booleans())
-    if average:
+    op = data.draw(st.sampled_from(["MaxPool", "AveragePool", "LpPool"]
+                                   if x.dtype.kind == "f" else ["MaxPool"]))
+    if op == "AveragePool":
         attrs["count_include_pad"] = data.draw(st.integers(0, 1))
-    function = numbapool.average_pool if average else numbapool.max_pool
-    op = "AveragePool" if average else "MaxPool"
+    if op == "LpPool":
+        attrs["p"] = data.draw(st.sampled_from([1, 2, 3, 2.5]))  # every kind of p
+    function = {"MaxPool": numbapool.max_pool, "AveragePool": numbapool.average_pool,
+                "LpPool": numbapool.lp_pool}[op]
     expected = _expected_or_same_error(op, function, x, attrs)
     if expected is None:
         return
     got = function(x, **attrs)
     special = _dispatch._specialized(numbapool.plan(op, x.shape, x.dtype, **attrs))
-    assert special is not None and special[0] in fixed.FIXED_WINDOWS[(1, 2, 2, 2)]
+    max_units, sum_units = fixed.FIXED_WINDOWS[(1, 2, 2, 2)]
+    assert special is not None and special[0] in (max_units, *sum_units)
     with mock.patch.object(_dispatch, "_specialized", lambda plan: None):
         generic = function(x, **attrs)
     assert got.tobytes() == generic.tobytes()
-    if average:
+    if op != "MaxPool":
         _check_float(got, expected, x.dtype)
     else:
         np.testing.assert_array_equal(got.view(np.uint8), expected[0].view(np.uint8))

@@ -1,9 +1,11 @@
-"""Fixed windows: MaxPool (without Indices) and AveragePool for a window whose size and
+"""Fixed windows: MaxPool (without Indices), AveragePool and LpPool for a window whose size and
 last-axis step are compile-time constants.
 
 _dispatch chooses these for the windows in FIXED_WINDOWS: only the 2x2 stride-2 window,
 measured 2 to 4 times faster than the generic kernels for every dtype (at 3x3 the generic
-kernels' reuse of input-row results won for float64, uint8 and stride 1, and 3x3x3 lost).
+kernels' reuse of input-row results won for float64, uint8 and stride 1, and 3x3x3 lost);
+for LpPool 1.1 to 5 times (the more, the cheaper the root: p = 1 and 2 most, any other p
+least, its root a pow()).
 An output's taps unroll into one loop over the outputs of a row, the running maximum or sum
 stays in a register, and the loads vectorize. Outputs whose window leaves the input take
 their taps one by one, in the generic kernels' order: the results are the same, bit for bit.
@@ -17,7 +19,7 @@ from . import OPTIONS
 from .codec import as_accumulator, decode, encode
 from .units import first_unit_row, interior_outputs, interior_span, unit_row
 from .maxima import border_max, fold_max
-from .sums import border_sum
+from .sums import border_sum, lp_root, term_at
 
 
 @njit(inline="always")
@@ -62,63 +64,90 @@ def fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets,
                 o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets)
 
 
+@njit(inline="always")
+def _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_length, plane,
+                   depth, height, width, zero, p, p_kind, leading, divisor_counts, last, x, y):
+    """Outputs [lo, hi) of a row whose windows lie inside the input: each window's input
+    rows summed along the last axis, then the rows in order, as the generic kernel adds
+    them; the mean (p_kind 0) or the root, rounded once."""
+    for o in range(lo, hi):
+        at = np.uint64(row_offset + o * step - pad)
+        total = zero
+        for d in range(depth):
+            for r in range(height):
+                row_sum = zero
+                for w in range(width):
+                    row_sum += term_at(
+                        source, at + np.uint64(d * plane + r * row_length + w), p, p_kind)
+                total += row_sum
+        if p_kind == 0:
+            divisor = leading * divisor_counts[last, o]
+            out[np.uint64(out_first + o)] = encode(total / as_accumulator(divisor, x), y)
+        else:
+            out[np.uint64(out_first + o)] = encode(lp_root(total, p, p_kind), y)
+
+
 @njit(**OPTIONS)
-def fixed_sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts, block,
-                    depth, height, width, step):
-    """AveragePool over units [unit_begin, unit_end), as fixed_max_units."""
+def fixed_sum_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_offsets,
+                    divisor_counts, block, depth, height, width, step):
+    """AveragePool (p_kind 0) or LpPool (p_kind 1 to 4, as sums.lp_term) over units
+    [unit_begin, unit_end), accumulated in the type of ``zero``, as fixed_max_units."""
     last, row_length, plane, pad = _fixed_layout(axes)
     interior = interior_outputs(axes, width)
-    zero = as_accumulator(0, x)
+    p = as_accumulator(p, zero)
     starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = unit_row(
             unit, unit_begin, nc, positions, starts, axes, block, x, y)
         leading = 1
-        for axis in range(last):
-            leading *= divisor_counts[axis, positions[axis]]
+        if p_kind == 0:
+            for axis in range(last):
+                leading *= divisor_counts[axis, positions[axis]]
         lo = hi = end
         if row_inside:
             lo, hi = interior_span(first, end, interior)
-            for o in range(lo, hi):
-                at = np.uint64(row_offset + o * step - pad)
-                total = zero
-                for d in range(depth):
-                    for r in range(height):
-                        row_sum = zero
-                        for w in range(width):
-                            row_sum += decode(source[
-                                at + np.uint64(d * plane + r * row_length + w)])
-                        total += row_sum
-                divisor = leading * divisor_counts[last, o]
-                out[np.uint64(out_first + o)] = encode(
-                    total / as_accumulator(divisor, x), y)
+            _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_length,
+                           plane, depth, height, width, zero, p, p_kind, leading,
+                           divisor_counts, last, x, y)
         for o in range(first, end):
             if lo <= o < hi:
                 continue
-            total = border_sum(o, row_offset, row_inside, starts, zero, source, axes, taps,
-                                tap_offsets, width)
-            divisor = leading * divisor_counts[last, o]
-            mean = total / as_accumulator(max(divisor, 1), x)
-            out[np.uint64(out_first + o)] = encode(mean if divisor > 0 else zero, y)
+            total = border_sum(o, row_offset, row_inside, starts, zero, p, p_kind, source,
+                               axes, taps, tap_offsets, width)
+            if p_kind == 0:
+                divisor = leading * divisor_counts[last, o]
+                mean = total / as_accumulator(max(divisor, 1), x)
+                out[np.uint64(out_first + o)] = encode(mean if divisor > 0 else zero, y)
+            else:
+                out[np.uint64(out_first + o)] = encode(lp_root(total, p, p_kind), y)
 
 
 def fixed_window_kernels(depth, height, width, step):
-    """(max units, sum units), the serial entry points, for a depth x height x width window
-    (depth 1: a 2-D window) with no dilation, and this last-axis step. Closures over plain
-    numbers only: numba keys a closure's disk-cache entry on its cells' pickled contents,
-    which for a dispatcher differ in every process."""
+    """(MaxPool units, summing units per p_kind: AveragePool's at 0, LpPool's at 1 to 4),
+    the serial entry points, for a depth x height x width window (depth 1: a 2-D window)
+    with no dilation, and this last-axis step. Closures over plain numbers only: numba keys
+    a closure's disk-cache entry on its cells' pickled contents, which for a dispatcher
+    differ in every process."""
 
     @njit(**OPTIONS)
     def max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block):
         fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block,
                         depth, height, width, step)
 
-    @njit(**OPTIONS)
-    def sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts, block):
-        fixed_sum_units(unit_begin, unit_end, x, y, axes, taps, tap_offsets, divisor_counts,
-                        block, depth, height, width, step)
+    sums = tuple(_sum_units_of_kind(depth, height, width, step, p_kind) for p_kind in range(5))
+    return max_units, sums
 
-    return max_units, sum_units
+
+def _sum_units_of_kind(depth, height, width, step, p_kind):
+    # one entry point per kind of p, so that a first call compiles the loops of its own
+    # kind only (numba inlines and types every branch of a kind passed at run time)
+    @njit(**OPTIONS)
+    def sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
+                  divisor_counts, block):
+        fixed_sum_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_offsets,
+                        divisor_counts, block, depth, height, width, step)
+
+    return sum_units
 
 
 # (depth, height, width, last-axis step) -> kernels; compiled on first use, like the rest.

@@ -1,6 +1,6 @@
 """AveragePool and LpPool over any window, any number of axes (the generic summing kernel).
 
-_dispatch chooses it for every LpPool and for every AveragePool but the 2x2 stride-2 window
+_dispatch chooses it for every AveragePool and LpPool but the 2x2 stride-2 window
 (fixed.py). A window's sum is the sum over its input rows, in order, of each row's sum along
 the last axis (docs/semantics.md); each input row's sums are computed once, cached, and
 serve the next output rows. AveragePool sums accumulate in float32 (float64 for float64
@@ -46,7 +46,7 @@ def lp_root(total, p, p_kind):
 
 
 @njit(inline="always")
-def _term(source, index, p, p_kind):
+def term_at(source, index, p, p_kind):
     """One element's summand, computed in the accumulator type (that of ``p``)."""
     return lp_term(as_accumulator(decode(source[index]), p), p, p_kind)
 
@@ -57,19 +57,19 @@ def _sum_run(source, offset, step, totals, begin, count, p, p_kind):
     # from vectorizing
     if p_kind == 0:
         for j in range(count):
-            totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 0)
+            totals[begin + np.uint64(j)] += term_at(source, offset + np.uint64(j) * step, p, 0)
     elif p_kind == 1:
         for j in range(count):
-            totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 1)
+            totals[begin + np.uint64(j)] += term_at(source, offset + np.uint64(j) * step, p, 1)
     elif p_kind == 2:
         for j in range(count):
-            totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 2)
+            totals[begin + np.uint64(j)] += term_at(source, offset + np.uint64(j) * step, p, 2)
     elif p_kind == 3:
         for j in range(count):
-            totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 3)
+            totals[begin + np.uint64(j)] += term_at(source, offset + np.uint64(j) * step, p, 3)
     else:
         for j in range(count):
-            totals[begin + np.uint64(j)] += _term(source, offset + np.uint64(j) * step, p, 4)
+            totals[begin + np.uint64(j)] += term_at(source, offset + np.uint64(j) * step, p, 4)
 
 
 @njit(inline="always")
@@ -144,9 +144,10 @@ def sum_over_last_axis(source, row_start, first, end, step, target, base, zero, 
 
 
 @njit(inline="always")
-def border_sum(o, row_offset, row_inside, starts, zero, source, axes, taps, tap_offsets,
-                k_last):
-    """The window sum of output o of a row: each input row's sum, then the rows in order."""
+def border_sum(o, row_offset, row_inside, starts, zero, p, p_kind, source, axes, taps,
+               tap_offsets, k_last):
+    """The window sum of output o of a row (its terms as lp_term's, ``p`` in the type of
+    ``zero``): each input row's sum, then the rows in order."""
     last = axes.shape[1] - 1
     at = o * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
     total = zero
@@ -157,7 +158,8 @@ def border_sum(o, row_offset, row_inside, starts, zero, source, axes, taps, tap_
         for tap in range(lead * k_last, (lead + 1) * k_last):
             position = at + taps[tap, last] * axes[AXIS_DILATION, last]
             if 0 <= position < axes[AXIS_IN, last]:
-                row_sum += decode(source[np.uint64(row_offset + at + tap_offsets[tap])])
+                row_sum += term_at(source, np.uint64(row_offset + at + tap_offsets[tap]), p,
+                                 p_kind)
         total += row_sum
     return total
 
