@@ -322,6 +322,7 @@ FIRST_CALLS = {
     "AveragePool 2x2 s2 float64": "numbapool.average_pool(x.astype(np.float64), [2, 2], "
                                   "strides=[2, 2])",
     "LpPool p=3": "numbapool.lp_pool(x, [3, 3], p=3)",
+    "LpPool 2x2 s2 p=3": "numbapool.lp_pool(x, [2, 2], strides=[2, 2], p=3)",
     "GlobalMaxPool": "numbapool.global_max_pool(x)",
     "GlobalAveragePool": "numbapool.global_average_pool(x)",
     "GlobalLpPool": "numbapool.global_lp_pool(x)",

@@ -36,23 +36,24 @@ def _choose(what: str, given, known: dict) -> list:
 
 
 def _windows():
-    """(kernel_shape, strides, pads) reaching every windowed kernel: the rank-generic ones
-    (a padded 3x3 window; MaxPool without Indices takes them over one axis), each of
-    fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels
+    """(kernel_shape, strides, pads, LpPool's values of p) reaching every windowed kernel:
+    the rank-generic ones (a padded 3x3 window; MaxPool without Indices takes them over one
+    axis), each of fixed.FIXED_WINDOWS (LpPool's compile per kind of p: |x|, x ** 2,
+    |x| ** 3, any other p), and MaxPool's input-rows-first kernels
     (columns.column_units_of_kind), one per kind of last-axis window, over two and three
     spatial axes (3-high windows: a 2x2 one would take a fixed window's kernel)."""
     from ._kernels import columns, fixed
 
-    yield [3, 3], [1, 1], [1, 1, 1, 1]
-    yield [3], [1], [1, 1]
+    yield [3, 3], [1, 1], [1, 1, 1, 1], (2,)
+    yield [3], [1], [1, 1], (2,)
     for depth, height, width, step in fixed.FIXED_WINDOWS:
         kernel = [height, width] if depth == 1 else [depth, height, width]
-        yield kernel, [1] * (len(kernel) - 1) + [step], None
+        yield kernel, [1] * (len(kernel) - 1) + [step], None, (1, 2, 3, 0.5)
     for width, step in columns.COLUMN_KINDS:
         # width 0: a window outside COLUMN_WINDOWS (4 wide); step 0: any other step (3)
         width, step = width or 4, step or 3
         for rank in (2, 3):
-            yield [3] * (rank - 1) + [width], [1] * (rank - 1) + [step], None
+            yield [3] * (rank - 1) + [width], [1] * (rank - 1) + [step], None, (2,)
 
 
 def _exercise(op: str, dtype: np.dtype) -> None:
@@ -67,7 +68,7 @@ def _exercise(op: str, dtype: np.dtype) -> None:
 
     for side in (4, 128):
         if op in ("MaxPool", "AveragePool", "LpPool"):
-            for kernel, strides, pads in _windows():
+            for kernel, strides, pads, lp_ps in _windows():
                 # one axis: as many elements as a plane, to reach the parallel driver too
                 spatial = (side * side,) if len(kernel) == 1 else (side,) * len(kernel)
                 x = np.zeros((1, 4) + spatial, dtype=dtype)
@@ -77,8 +78,8 @@ def _exercise(op: str, dtype: np.dtype) -> None:
                                        return_indices=True)
                 elif op == "AveragePool":
                     numbapool.average_pool(x, kernel, strides=strides, pads=pads)
-                else:  # the fixed windows compile per kind of p, as GlobalLpPool below
-                    for p in (1, 2, 3, 0.5):
+                else:
+                    for p in lp_ps:
                         numbapool.lp_pool(x, kernel, strides=strides, pads=pads, p=p)
             continue
         x = np.zeros((1, 4, side, side), dtype=dtype)
