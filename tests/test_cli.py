@@ -117,7 +117,7 @@ def test_warmup_reaches_every_windowed_kernel():
               "kernels = [maxima.max_pool_units, sums.sum_pool_units,\n"
               "           parallel.maxima_in_parallel, parallel.sums_in_parallel]\n"
               "for max_units, sum_units in fixed.FIXED_WINDOWS.values():\n"
-              "    kernels += [max_units, sum_units[0]]  # LpPool's kinds are not warmed\n"
+              "    kernels += [max_units, sum_units[0]]  # MaxPool's and AveragePool's\n"
               "for width, step in columns.COLUMN_KINDS:\n"
               "    for outer_axes in (False, True):\n"
               "        kernels.append(columns.column_units_of_kind(width, step, outer_axes))\n"

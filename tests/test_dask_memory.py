@@ -27,7 +27,7 @@ CHUNK_BYTES = 8 * 2**20
 # grows): peaks of 2.5 to 6.5 chunks above the baseline were measured with every pool here
 # correct, while a task that merged the inner axes whole would hold 16 chunks and a copy.
 ALLOWANCE_CHUNKS = 10
-# 16 float32 chunks of 8 MiB (128 MiB) per rank, the inner axes cut into 16 chunks (8
+# 16 float32 chunks of 8 MiB (128 MiB) per rank, the inner axes cut into all 16 (8 or 16
 # along the last)
 SHAPES = {1: ((1, 2, 2**24), (1, 2, 2**20)),
           2: ((1, 2, 2048, 8192), (1, 2, 1024, 1024)),
