@@ -217,6 +217,47 @@ def test_lp_pool_cubes_by_products():
         products[:, 0].tobytes()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_lp_pool_cube_roots_are_pows_rounded(dtype):
+    # A cube root rounded to a dtype narrower than float64 skips pow() where it can prove
+    # pow's rounded result (sums.cube_root); the result is still pow's. 1 + 6**3 + 8**3 =
+    # 9**3: scaled by an odd k, a window [k, 6k, 8k, 0] has the total (9k)**3, and 9k, one
+    # significant bit wider than the dtype, lies halfway between two of its values. pow's
+    # result lands a few float64 steps below it for large totals and above it for small ones
+    # (1 / 3 rounds down in float64), and the output rounds that, not the exact root (which
+    # would round to even). Then windows of zeros, subnormals, infinities and NaN.
+    bits = {np.float32: 24, np.float16: 11, ml_dtypes.bfloat16: 8}[dtype]
+    ks = np.arange(2 ** bits // 9 + 1, 2 ** (bits + 1) // 9 + 1)
+    ks = ks[ks % 2 == 1][:3000]
+    # roots 9k and 9k 2**-22 (float16's smallest steps hold it) or 9k 2**-40
+    scales = [1.0, 2.0 ** -22 if dtype == np.float16 else 2.0 ** -40]
+    windows = [[k * scale, 6 * k * scale, 8 * k * scale, 0]
+               for scale in scales for k in ks.tolist()]
+    tiny = float(ml_dtypes.finfo(dtype).smallest_subnormal)
+    windows += [[0, 0, 0, 0], [tiny, 0, -tiny, 0], [np.inf, 1, 0, 0], [np.nan, 1, 0, 0],
+                [-0.0, 0, 0, 0], [float(ml_dtypes.finfo(dtype).max), 1, 0, 0]]
+    x = np.array(windows, np.float64).astype(dtype)  # every value here is exact in dtype
+    expected = []
+    with np.errstate(over="ignore", invalid="ignore"):
+        for window in x.astype(np.float64):
+            total = 0.0
+            for value in window:  # in order, in float64
+                total += abs(value) * abs(value) * abs(value)
+            expected.append(total ** (1 / 3))
+    expected = _round_once(np.array(expected), dtype)
+    # pow's result is visible here: it rounds down from some ties and up from others
+    midpoints = np.concatenate([9.0 * ks * scale for scale in scales])
+    exact_roots = _round_once(midpoints, dtype).astype(np.float64)  # ties to even
+    found = expected[:len(midpoints)].astype(np.float64)
+    assert (found < exact_roots).any() and (found > exact_roots).any()
+    # 2x2 windows (the fixed-window kernel) and windows of 4 along one axis (the generic one)
+    square = x.reshape(-1, 2, 2).transpose(1, 0, 2).reshape(1, 1, 2, -1)
+    got = numbapool.lp_pool(square, [2, 2], strides=[2, 2], p=3)
+    assert got.reshape(-1).tobytes() == expected.tobytes()
+    got = numbapool.lp_pool(x.reshape(1, 1, -1), [4], strides=[4], p=3)
+    assert got.reshape(-1).tobytes() == expected.tobytes()
+
+
 def test_a_sum_called_exact_is_exact_in_every_order():
     # global_.sum_is_exact lets a mean halfway between two results skip the in-order sum.
     # Its bound: 2**53 float32 spacings at the smallest nonzero magnitude, here 1 + 2**-23,

@@ -55,6 +55,22 @@ def float32_bits(typingctx, value):
 
 
 @intrinsic
+def float64_bits(typingctx, value):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.int64(types.float64), codegen
+
+
+@intrinsic
+def float64_from_bits(typingctx, bits):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(types.int64), codegen
+
+
+@intrinsic
 def _low_16_bits_as_int16(typingctx, value):
     def codegen(context, builder, signature, args):
         return builder.trunc(args[0], ir.IntType(16))

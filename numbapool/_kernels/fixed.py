@@ -4,8 +4,8 @@ last-axis step are compile-time constants.
 _dispatch chooses these for the windows in FIXED_WINDOWS: only the 2x2 stride-2 window,
 measured 2 to 4 times faster than the generic kernels for every dtype (at 3x3 the generic
 kernels' reuse of input-row results won for float64, uint8 and stride 1, and 3x3x3 lost);
-for LpPool 1.1 to 5 times (the more, the cheaper the root: p = 1 and 2 most, any other p
-least, its root a pow()).
+for LpPool 1.1 to 5 times (the more, the cheaper the root: p = 1 and 2 most, p other than
+1, 2 and 3 least, its root a pow()).
 An output's taps unroll into one loop over the outputs of a row, the running maximum or sum
 stays in a register, and the loads vectorize. Outputs whose window leaves the input take
 their taps one by one, in the generic kernels' order: the results are the same, bit for bit.
@@ -14,12 +14,12 @@ their taps one by one, in the generic kernels' order: the results are the same, 
 import numpy as np
 from numba import njit
 
-from .._plan import AXIS_IN, AXIS_PAD_BEGIN
+from .._plan import AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN
 from . import OPTIONS
-from .codec import as_accumulator, decode, encode
+from .codec import accumulator_array, as_accumulator, decode, encode
 from .units import first_unit_row, interior_outputs, interior_span, unit_row
 from .maxima import border_max, fold_max
-from .sums import border_sum, lp_root, term_at
+from .sums import border_sum, lp_root, store_roots, term_at
 
 
 @njit(inline="always")
@@ -66,10 +66,12 @@ def fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets,
 
 @njit(inline="always")
 def _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_length, plane,
-                   depth, height, width, zero, p, p_kind, leading, divisor_counts, last, x, y):
+                   depth, height, width, zero, p, p_kind, leading, divisor_counts, last, x, y,
+                   totals):
     """Outputs [lo, hi) of a row whose windows lie inside the input: each window's input
     rows summed along the last axis, then the rows in order, as the generic kernel adds
-    them; the mean (p_kind 0) or the root, rounded once."""
+    them; the mean (p_kind 0) or the root, rounded once. Cube roots (p_kind 3) go through
+    ``totals`` to store_roots, whose loop of them vectorizes where this one would not."""
     for o in range(lo, hi):
         at = np.uint64(row_offset + o * step - pad)
         total = zero
@@ -83,8 +85,12 @@ def _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_le
         if p_kind == 0:
             divisor = leading * divisor_counts[last, o]
             out[np.uint64(out_first + o)] = encode(total / as_accumulator(divisor, x), y)
+        elif p_kind == 3:
+            totals[o - lo] = total
         else:
             out[np.uint64(out_first + o)] = encode(lp_root(total, p, p_kind), y)
+    if p_kind == 3:
+        store_roots(totals, np.uint64(0), out, np.uint64(out_first + lo), hi - lo, p, p_kind, y)
 
 
 @njit(**OPTIONS)
@@ -95,6 +101,7 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap
     last, row_length, plane, pad = _fixed_layout(axes)
     interior = interior_outputs(axes, width)
     p = as_accumulator(p, zero)
+    totals = accumulator_array(axes[AXIS_OUT, last] if p_kind == 3 else 0, zero)
     starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = unit_row(
@@ -108,7 +115,7 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap
             lo, hi = interior_span(first, end, interior)
             _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_length,
                            plane, depth, height, width, zero, p, p_kind, leading,
-                           divisor_counts, last, x, y)
+                           divisor_counts, last, x, y, totals)
         for o in range(first, end):
             if lo <= o < hi:
                 continue

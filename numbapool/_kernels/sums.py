@@ -14,7 +14,8 @@ from numba import njit
 
 from .._plan import AXIS_DILATION, AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
 from . import OPTIONS
-from .codec import accumulator_array, as_accumulator, decode, encode
+from .codec import (accumulator_array, as_accumulator, decode, encode, float64_bits,
+                    float64_from_bits)
 from .units import (first_input_row, first_unit, input_row_strides, interior_outputs,
                     interior_span, next_unit, place_row, row_slot, tap_is_inside, tap_run)
 
@@ -43,6 +44,63 @@ def lp_root(total, p, p_kind):
     if p_kind == 2:
         return np.sqrt(total)
     return total ** (1 / p)
+
+
+# cube_root's shortcut: totals in [CUBE_LOW, CUBE_HIGH], whose bracket's cubes stay normal
+CUBE_LOW = 2.0 ** -900
+CUBE_HIGH = 2.0 ** 900
+# The bracket's half width and its cubes' margin, relative: see cube_root
+CUBE_SLACK = 2.0 ** -42
+# t ** (-1/3) within 3.5%, by its bits: the exponent divided by -3
+INVERSE_CUBE_ROOT_BITS = np.int64(0x553EF0FF289DD796)
+
+
+@njit(inline="always")
+def cube_root(total, y):
+    """(pow(total, 1 / 3) rounded to the dtype of ``y``, which is narrower than float64;
+    whether that result is in doubt), without calling pow(), so that a loop of it
+    vectorizes.
+
+    For t in [CUBE_LOW, CUBE_HIGH], pow(t, 1 / 3 in float64) lies within 2**-45 of the
+    exact root r: the exponent's rounding moves it by at most |ln t| 2**-55 < 2**-45.7,
+    relative, and pow's own error is a few ulps. Newton's iteration for t ** (-1/3) from a
+    guess by its bits gives an approximation a of r; if low = a (1 - s) and high = a (1 + s)
+    have cubes below t (1 - s) and above t (1 + s) (s = CUBE_SLACK, which also covers the
+    cubes' rounding), then low < r (1 - 2**-45) and high > r (1 + 2**-45), so pow's result
+    lies between them, and if both round to one result, pow's rounds to it too: rounding
+    never reverses an order. Otherwise the result is in doubt: about 2**-18 of float32 results,
+    and every total outside that range."""
+    t = min(max(total, CUBE_LOW), CUBE_HIGH)
+    # the bits as a float: its product with 1 / 3 vectorizes, an int64 division does not
+    inverse = float64_from_bits(
+        INVERSE_CUBE_ROOT_BITS - np.int64(np.float64(float64_bits(t)) * (1.0 / 3.0)))
+    for _ in range(4):  # the error squares each time: 3.5% -> 2.5e-3 -> 1.2e-5 -> 3e-10 -> ulps
+        inverse = inverse * (4.0 - t * (inverse * inverse * inverse)) * (1.0 / 3.0)
+    root = t * inverse * inverse
+    low = root * (1.0 - CUBE_SLACK)
+    high = root * (1.0 + CUBE_SLACK)
+    result = encode(low, y)
+    # bitwise, not short-circuit: no branch in a loop of them
+    doubt = ((low * low * low >= t * (1.0 - CUBE_SLACK))
+             | (high * high * high <= t * (1.0 + CUBE_SLACK))
+             | (result != encode(high, y)) | (total != t))
+    return result, doubt
+
+
+@njit(inline="always")
+def store_roots(totals, begin, out, out_begin, count, p, p_kind, y):
+    """out[out_begin + j] = lp_root(totals[begin + j]) rounded to y's dtype, for j < count.
+    Cube roots for results narrower than float64 take cube_root, in a loop that vectorizes;
+    a run with one in doubt is done again with pow(), as every other root is."""
+    if p_kind == 3 and y.itemsize < 8:
+        doubt = False
+        for j in range(count):
+            out[out_begin + np.uint64(j)], unsure = cube_root(totals[begin + np.uint64(j)], y)
+            doubt |= unsure
+        if not doubt:
+            return
+    for j in range(count):
+        out[out_begin + np.uint64(j)] = encode(lp_root(totals[begin + np.uint64(j)], p, p_kind), y)
 
 
 @njit(inline="always")
@@ -286,5 +344,4 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_
             for j in range(end - first):
                 out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, 2), y)
         else:
-            for j in range(end - first):
-                out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, p_kind), y)
+            store_roots(totals, np.uint64(0), out, out_begin, end - first, p_acc, p_kind, y)
