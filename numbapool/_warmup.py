@@ -69,8 +69,10 @@ def _exercise(op: str, dtype: np.dtype) -> None:
     for side in (4, 128):
         if op in ("MaxPool", "AveragePool", "LpPool"):
             for kernel, strides, pads, lp_ps in _windows():
-                # one axis: as many elements as a plane, to reach the parallel driver too
-                spatial = (side * side,) if len(kernel) == 1 else (side,) * len(kernel)
+                # one axis: as many elements as a plane, to reach the parallel driver too;
+                # three: 32 a side is past its threshold already, and 128 a side (8 million
+                # elements) made a warm warmup of every dtype take twice as long
+                spatial = {1: (side * side,), 2: (side, side), 3: (min(side, 32),) * 3}[len(kernel)]
                 x = np.zeros((1, 4) + spatial, dtype=dtype)
                 if op == "MaxPool":
                     numbapool.max_pool(x, kernel, strides=strides, pads=pads)
