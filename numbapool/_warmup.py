@@ -71,7 +71,7 @@ def _exercise(op: str, dtype: np.dtype) -> None:
             for kernel, strides, pads, lp_ps in _windows():
                 # one axis: as many elements as a plane, to reach the parallel driver too;
                 # three: 32 a side is past its threshold already, and 128 a side (8 million
-                # elements) made a warm warmup of every dtype take twice as long
+                # elements) made a warm warmup of every dtype take four times as long
                 spatial = {1: (side * side,), 2: (side, side), 3: (min(side, 32),) * 3}[len(kernel)]
                 x = np.zeros((1, 4) + spatial, dtype=dtype)
                 if op == "MaxPool":
