@@ -109,25 +109,25 @@ def term_at(source, index, p, p_kind):
     return lp_term(as_accumulator(decode(source[index]), p), p, p_kind)
 
 
+@njit(forceinline=True, nogil=True)
+def _kind_run(source, offset, step, totals, begin, count, p, p_kind):
+    # compiled once per kind (a literal), its loop free of branches, and inlined by LLVM
+    for j in range(count):
+        totals[begin + np.uint64(j)] += term_at(source, offset + np.uint64(j) * step, p, p_kind)
+
+
 @njit(inline="always")
 def _sum_run(source, offset, step, totals, begin, count, p, p_kind):
-    # one loop per kind, the kind a constant in each: a branch inside the loop would keep it
-    # from vectorizing
     if p_kind == 0:
-        for j in range(count):
-            totals[begin + np.uint64(j)] += term_at(source, offset + np.uint64(j) * step, p, 0)
+        _kind_run(source, offset, step, totals, begin, count, p, 0)
     elif p_kind == 1:
-        for j in range(count):
-            totals[begin + np.uint64(j)] += term_at(source, offset + np.uint64(j) * step, p, 1)
+        _kind_run(source, offset, step, totals, begin, count, p, 1)
     elif p_kind == 2:
-        for j in range(count):
-            totals[begin + np.uint64(j)] += term_at(source, offset + np.uint64(j) * step, p, 2)
+        _kind_run(source, offset, step, totals, begin, count, p, 2)
     elif p_kind == 3:
-        for j in range(count):
-            totals[begin + np.uint64(j)] += term_at(source, offset + np.uint64(j) * step, p, 3)
+        _kind_run(source, offset, step, totals, begin, count, p, 3)
     else:
-        for j in range(count):
-            totals[begin + np.uint64(j)] += term_at(source, offset + np.uint64(j) * step, p, 4)
+        _kind_run(source, offset, step, totals, begin, count, p, 4)
 
 
 @njit(inline="always")
