@@ -13,6 +13,7 @@ import numpy as np
 
 from . import _threads
 from ._kernels import columns, fixed, global_, maxima, parallel, sums, unpool
+from ._kernels.entry import EntryPoint
 from ._plan import BFLOAT16, UnpoolPlan, WindowPlan, global_plan, window_extents
 
 # 16-bit floats reach numba as their bit patterns; see _kernels/codec.py.
@@ -31,6 +32,12 @@ _MAX_ROW_SLOTS = 64
 _SIGNED_BITS = {2: np.dtype(np.int16), 4: np.dtype(np.int32), 8: np.dtype(np.int64)}
 _INF_BITS = {np.dtype(np.float16): 0x7C00, BFLOAT16: 0x7F80, np.dtype(np.float32): 0x7F800000,
              np.dtype(np.float64): 0x7FF0000000000000}
+
+# The rank-generic kernels' entry points (the specialized ones: _specialized)
+_MAX_POOL = EntryPoint(maxima.max_pool_units)
+_MAX_POOL_WITH_INDICES = EntryPoint(maxima.max_pool_units_with_indices)
+_SUM_POOL = EntryPoint(sums.sum_pool_units)
+_GLOBAL_MAX = EntryPoint(global_.global_max_units)
 
 # Global pooling calls seen, keyed by (op, shape, dtype, p): see _global_call
 _GLOBAL_CALLS: dict = {}
@@ -71,11 +78,11 @@ class Launch(NamedTuple):
 
     units: int  # work units (docs/architecture.md)
     chunks: int  # runs of units the parallel driver deals out; 0: run serially
-    entry: object  # the serial entry point: (unit_begin, unit_end, x, y, *arguments)
-    arguments: tuple  # its trailing arguments
+    entry: EntryPoint  # the serial entry point: (unit_begin, unit_end, x, y, *arguments)
+    arguments: tuple  # its trailing arguments, its kinds last
     indices_arguments: tuple  # MaxPool's: max_pool_units_with_indices's after Indices
     driver: object  # the parallel driver of the entry point's family
-    addresses: dict  # the entry point's address per (Indices?, x writable?), as met
+    compiled: dict  # the entry point compiled, per (Indices?, x writable?), as met
 
 
 def _launch(plan: WindowPlan, threads: int) -> Launch:
@@ -90,17 +97,17 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
     if plan.op == "MaxPool":
         indices_arguments = (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"],
                              g["tap_outputs"], g["lead_rows"], block, slots)
-        entry, arguments = maxima.max_pool_units, indices_arguments
+        entry, arguments = _MAX_POOL, indices_arguments
         driver = parallel.maxima_in_parallel
     else:  # AveragePool is the p_kind 0 of the summing kernel
-        entry = sums.sum_pool_units
+        entry = _SUM_POOL
         arguments = (plan.p, _p_kind(plan.op, plan.p), _sum_zero(plan), g["axes"], g["taps"],
                      g["tap_offsets"], g["tap_outputs"], g["lead_rows"], g["divisor_counts"],
                      block, slots)
         driver = parallel.sums_in_parallel
     special = _specialized(plan)
     if special is not None:
-        entry, arguments = special[0], (*special[1], block)
+        entry, arguments = special[0], (*special[1], block, *special[0].kinds)
     launch = plan.launches[threads] = Launch(units, chunks, entry, arguments, indices_arguments,
                                              driver, {})
     return launch
@@ -178,18 +185,20 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     # a small call runs on this thread: its split need not depend on the thread count
     threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
     # unpacked, not read by name: this runs on every call
-    units, chunks, entry, arguments, indices_arguments, driver, addresses = _launch(plan, threads)
+    units, chunks, entry, arguments, indices_arguments, driver, compiled = _launch(plan, threads)
     if return_indices:  # only the generic kernel tracks the winning taps
-        entry = maxima.max_pool_units_with_indices
+        entry = _MAX_POOL_WITH_INDICES
         arguments = (indices.reshape(rows_in.shape[0], -1), *indices_arguments)
+    arguments = (rows_in, rows_out, *arguments)
+    # an array's writable flag is part of its numba type
+    key = (return_indices, rows_in.flags.writeable)
+    function, address = compiled.get(key) or compiled.setdefault(key, entry.compile(arguments))
     guarded = _threads.enter_parallel(threads) if chunks else None
     try:
         if guarded is None:
-            entry(0, units, rows_in, rows_out, *arguments)
+            function(0, units, *arguments)
         else:
-            parallel.run_in_parallel(driver, entry, addresses,
-                                     (return_indices, rows_in.flags.writeable), units, chunks,
-                                     threads, (rows_in, rows_out, *arguments))
+            driver(address, units, chunks, threads, arguments)
     finally:
         if guarded:
             _threads.leave_parallel()
@@ -197,11 +206,11 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
 
 
 def _specialized(plan: WindowPlan):
-    """(serial entry point, its arguments but the block) for a call without Indices
+    """(serial entry point, its arguments but the block and its kinds) for a call without Indices
     that a specialized kernel serves, else None; kept on the plan, so that a repeated call
     does no work here. Measured faster than the rank-generic kernels (docs/performance.md):
     a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool, LpPool), else, for MaxPool over two or
-    more spatial axes, the input-rows-first columns.column_units_of_kind of its kind."""
+    more spatial axes, the input-rows-first columns.column_units for its kind."""
     try:
         return plan.launches["special"]
     except KeyError:
@@ -226,7 +235,7 @@ def _specialized(plan: WindowPlan):
         # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
         check_ties = plan.dtype.kind not in "iu"
         kind = columns.column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1])
-        special = (columns.column_units_of_kind(*kind, rank >= 3),
+        special = (EntryPoint(columns.column_units, (*kind, rank >= 3)),
                    (lowest_value(plan.dtype), check_ties, g["axes"], g["taps"],
                     g["tap_offsets"]))
     plan.launches["special"] = special
@@ -237,17 +246,18 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
     """What a valid global pooling call with these arguments needs besides its arrays:
     (out_shape, dtype, rows, serial entry point, its trailing arguments, the storage dtype
     of 16-bit floats or None, the dtype of the bits GlobalMaxPool compares or None, the
-    parallel driver, the entry point's address per x writable?). Validates, and keeps the
+    parallel driver, the entry point compiled per x writable?). Validates, and keeps the
     answer for the next call."""
     plan = global_plan(op, shape, dtype)
     storage = _STORAGE.get(plan.dtype)
     if op == "GlobalMaxPool":
         bits = _SIGNED_BITS[plan.dtype.itemsize]
-        kernels = (global_.global_max_units,
+        kernels = (_GLOBAL_MAX,
                    (bits.type(np.iinfo(bits).max), bits.type(_INF_BITS[plan.dtype]),
                     bits.type(8 * bits.itemsize - 1)), storage, bits, parallel.maxima_in_parallel)
     else:
-        kernels = (global_.global_sum_kernels(_p_kind(op, p)), (float(p),), storage, None,
+        p_kind = _p_kind(op, p)
+        kernels = (global_.global_sum_entry(p_kind), (float(p), p_kind), storage, None,
                    parallel.sums_in_parallel)
     if len(_GLOBAL_CALLS) >= _MAX_GLOBAL_CALLS:  # shapes that never repeat: stay bounded
         _GLOBAL_CALLS.clear()
@@ -265,7 +275,7 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)
     call = _GLOBAL_CALLS.get((op, x.shape, x.dtype, p)) or _global_call(op, x.shape, x.dtype, p)
-    out_shape, dtype, rows, entry, constants, storage, bits, driver, addresses = call
+    out_shape, dtype, rows, entry, constants, storage, bits, driver, compiled = call
     y = np.empty(out_shape, dtype)
     if not rows[0]:
         return y
@@ -278,15 +288,17 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
         arrays = (rows_in, rows_out)
     else:  # the maximum runs over the bits as signed integers (global_.global_max_units)
         arrays = (rows_in, rows_in.view(bits), rows_out, rows_out.view(bits))
+    arguments = (*arrays, *constants)
+    writable = rows_in.flags.writeable
+    function, address = compiled.get(writable) or compiled.setdefault(
+        writable, entry.compile(arguments))
     threads = _threads.get_num_threads()
     guarded = _threads.enter_parallel(threads)
     try:
         if guarded is None:
-            entry(np.int64(0), np.int64(rows[0]), *arrays, *constants)
+            function(0, rows[0], *arguments)
         else:
-            parallel.run_in_parallel(driver, entry, addresses, rows_in.flags.writeable,
-                                     rows[0], min(rows[0], global_.CHUNKS), threads,
-                                     (*arrays, *constants))
+            driver(address, rows[0], min(rows[0], global_.CHUNKS), threads, arguments)
     finally:
         if guarded:
             _threads.leave_parallel()

@@ -40,7 +40,7 @@ def _windows():
     the rank-generic ones (a padded 3x3 window; MaxPool without Indices takes them over one
     axis), each of fixed.FIXED_WINDOWS (LpPool's compile per kind of p: |x|, x ** 2,
     |x| ** 3, any other p), and MaxPool's input-rows-first kernels
-    (columns.column_units_of_kind), one per kind of last-axis window, over two and three
+    (columns.column_units), one per kind of last-axis window, over two and three
     spatial axes (3-high windows: a 2x2 one would take a fixed window's kernel)."""
     from ._kernels import columns, fixed
 

@@ -116,12 +116,19 @@ def test_warmup_reaches_every_windowed_kernel():
               "from numbapool._kernels import parallel\n"
               "kernels = [maxima.max_pool_units, sums.sum_pool_units,\n"
               "           parallel.maxima_in_parallel, parallel.sums_in_parallel]\n"
+              "missing = sorted(k.py_func.__name__ for k in kernels if not k.signatures)\n"
+              "# a kernel specialized per kind: a signature ending with each kind's literals\n"
+              "from numbapool._kernels.entry import EntryPoint\n"
+              "entries = [EntryPoint(columns.column_units, (width, step, outer_axes))\n"
+              "           for width, step in columns.COLUMN_KINDS for outer_axes in (False, True)]\n"
               "for max_units, sum_units in fixed.FIXED_WINDOWS.values():\n"
-              "    kernels += [max_units, sum_units[0]]  # MaxPool's and AveragePool's\n"
-              "for width, step in columns.COLUMN_KINDS:\n"
-              "    for outer_axes in (False, True):\n"
-              "        kernels.append(columns.column_units_of_kind(width, step, outer_axes))\n"
-              "print(sorted(k.py_func.__name__ for k in kernels if not k.signatures))\n")
+              "    entries += [max_units, sum_units[0]]  # MaxPool's and AveragePool's\n"
+              "for entry in entries:\n"
+              "    kinds = [tuple(getattr(t, 'literal_value', None) for t in s[-len(entry.kinds):])\n"
+              "             for s in entry.kernel.signatures]\n"
+              "    if entry.kinds not in kinds:\n"
+              "        missing.append((entry.kernel.py_func.__name__, entry.kinds))\n"
+              "print(missing)\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr

@@ -9,8 +9,6 @@ onnxruntime's time. Zeros and NaNs, where a column-major scan could pick another
 than the row-major one, are taken again in row-major order: results are the same bit for bit.
 """
 
-import functools
-
 import numpy as np
 from numba import njit
 
@@ -85,7 +83,7 @@ def _column_windows(columns, target, base, count, width, step):
         target[base + np.uint64(j)] = value
 
 
-# Last-axis windows (width, step), undilated, whose taps column_units_of_kind takes in one loop
+# Last-axis windows (width, step), undilated, whose taps column_units takes in one loop
 # body; other windows take theirs one run at a time, at a constant step where it is 1 or 2
 # (width 0), else at any step (0, 0).
 COLUMN_WINDOWS = ((3, 2), (3, 1), (2, 2))
@@ -102,8 +100,8 @@ def column_kind(width, step, dilation):
     return 0, step if step in (1, 2) else 0
 
 
-# The kind of window arrives as literal arguments (from the closures of column_units_of_kind),
-# so that each kind compiles loops of its own with them constant.
+# The kind of window arrives as literal arguments (entry.py), so that each kind compiles
+# loops of its own with them constant.
 @njit(**OPTIONS)
 def column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps, tap_offsets, block,
                  window_width, window_step, outer_axes):
@@ -207,21 +205,3 @@ def column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps, tap
                         out[out_begin + np.uint64(j)] = border_max(
                             first + j, row_offset, row_inside, starts, lowest, source, axes,
                             taps, tap_offsets)
-
-
-@functools.lru_cache(maxsize=None)
-def column_units_of_kind(window_width, window_step, outer_axes):
-    """The serial entry point of MaxPool without Indices taken input rows first
-    (column_units) for one kind of window: ``window_width`` taps at ``window_step`` along
-    the last axis (a pair of COLUMN_KINDS: width 0 for any window outside COLUMN_WINDOWS,
-    step 0 for any step), and ``outer_axes`` whether there are three or more spatial axes. Each kind compiles only
-    its own loops, so that a first call compiles one of them, not all. Closures over plain
-    numbers only, as fixed_window_kernels."""
-
-    @njit(**OPTIONS)
-    def units_of_kind(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps, tap_offsets,
-                      block):
-        column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps, tap_offsets,
-                     block, window_width, window_step, outer_axes)
-
-    return units_of_kind

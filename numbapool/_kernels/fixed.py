@@ -16,6 +16,7 @@ from numba import njit
 
 from .._plan import AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN
 from . import OPTIONS
+from .entry import EntryPoint
 from .codec import accumulator_array, as_accumulator, decode, encode
 from .units import first_unit_row, interior_outputs, interior_span, unit_row
 from .maxima import border_max, fold_max
@@ -31,8 +32,8 @@ def _fixed_layout(axes):
     return last, row_length, plane, axes[AXIS_PAD_BEGIN, last]
 
 
-# The window's size and step arrive as literal arguments (from the closures of
-# fixed_window_kernels), so that each window compiles loops of its own with them constant.
+# The window's size and step (and the sums' kind of p) arrive as literal arguments
+# (entry.py), so that each window compiles loops of its own with them constant.
 @njit(**OPTIONS)
 def fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block, depth,
                     height, width, step):
@@ -94,8 +95,8 @@ def _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_le
 
 
 @njit(**OPTIONS)
-def fixed_sum_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_offsets,
-                    divisor_counts, block, depth, height, width, step):
+def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
+                    divisor_counts, block, depth, height, width, step, p_kind):
     """AveragePool (p_kind 0) or LpPool (p_kind 1 to 4, as sums.lp_term) over units
     [unit_begin, unit_end), accumulated in the type of ``zero``, as fixed_max_units."""
     last, row_length, plane, pad = _fixed_layout(axes)
@@ -130,31 +131,12 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap
 
 
 def fixed_window_kernels(depth, height, width, step):
-    """(MaxPool units, summing units per p_kind: AveragePool's at 0, LpPool's at 1 to 4),
-    the serial entry points, for a depth x height x width window (depth 1: a 2-D window)
-    with no dilation, and this last-axis step. Closures over plain numbers only: numba keys
-    a closure's disk-cache entry on its cells' pickled contents, which for a dispatcher
-    differ in every process."""
-
-    @njit(**OPTIONS)
-    def max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block):
-        fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block,
-                        depth, height, width, step)
-
-    sums = tuple(_sum_units_of_kind(depth, height, width, step, p_kind) for p_kind in range(5))
-    return max_units, sums
-
-
-def _sum_units_of_kind(depth, height, width, step, p_kind):
-    # one entry point per kind of p, so that a first call compiles the loops of its own
-    # kind only (numba inlines and types every branch of a kind passed at run time)
-    @njit(**OPTIONS)
-    def sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
-                  divisor_counts, block):
-        fixed_sum_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_offsets,
-                        divisor_counts, block, depth, height, width, step)
-
-    return sum_units
+    """(MaxPool's entry point, the summing entry points per p_kind: AveragePool's at 0,
+    LpPool's at 1 to 4) for a depth x height x width window (depth 1: a 2-D window) with no
+    dilation, and this last-axis step, each compiled for its own kinds (entry.py)."""
+    window = (depth, height, width, step)
+    return (EntryPoint(fixed_max_units, window),
+            tuple(EntryPoint(fixed_sum_units, window + (p_kind,)) for p_kind in range(5)))
 
 
 # (depth, height, width, last-axis step) -> kernels; compiled on first use, like the rest.

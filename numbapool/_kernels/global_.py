@@ -10,7 +10,6 @@ Otherwise channels are scanned GROUP at a time, element i of each in step, so th
 the independent in-order scans vectorize.
 """
 
-import functools
 import math
 
 import numpy as np
@@ -19,6 +18,7 @@ from numba import njit
 from .codec import decode, encode, float32_bits
 from .prefetch import prefetch_ahead
 from . import OPTIONS
+from .entry import EntryPoint
 from .maxima import keeps
 from .sums import lp_root, lp_term
 
@@ -87,19 +87,10 @@ def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, s
             y_bits[nc] = best
 
 
-@functools.lru_cache(maxsize=None)
-def global_sum_kernels(p_kind):
-    """The serial entry point of GlobalAveragePool (p_kind 0) or GlobalLpPool
-    (p_kind 1 to 4: |x|, x ** 2, |x| ** 3, |x| ** p), one kind each: closures over the
-    plain number, which they pass to global_sum_units as a literal, so that a first call
-    compiles the loops of its own kind only (a closure holding a dispatcher would not load
-    from the disk cache: see docs/architecture.md)."""
-
-    @njit(**OPTIONS)
-    def serial(begin, end, x, y, p):
-        global_sum_units(begin, end, x, y, p, p_kind)
-
-    return serial
+def global_sum_entry(p_kind):
+    """The serial entry point of GlobalAveragePool (p_kind 0) or GlobalLpPool (p_kind 1 to
+    4: |x|, x ** 2, |x| ** 3, |x| ** p), compiled for its own kind (entry.py)."""
+    return EntryPoint(global_sum_units, (p_kind,))
 
 
 @njit(inline="always")
@@ -269,7 +260,7 @@ def reordered_units(begin, end, x, y, p, p_kind):
 def global_sum_units(begin, end, x, y, p, p_kind):
     """Each channel's terms added in order, or a result proved equal to that (see the
     module's docstring); otherwise channels go GROUP at a time, element i of each in step.
-    ``p_kind`` arrives as a literal (global_sum_kernels): each call below is compiled for
+    ``p_kind`` arrives as a literal (global_sum_entry): each call below is compiled for
     that one kind, and its tests of the kind fold away."""
     # float64 results would need the exact sum: no gain; p_kind 3's root is not monotonic
     if y.itemsize < 8 and p_kind <= 2:

@@ -1,10 +1,8 @@
 """The parallel drivers: a prange over runs of work units, each run handed to a family's
-serial entry point through the address of its machine code.
+serial entry point (entry.py) through the address of its machine code.
 
-Every serial entry point takes ``(unit_begin, unit_end, *arguments)`` and runs those units
-on the calling thread. Called by name, numba would link the entry point's code into each
-driver and optimize and compile it a second time: about 4 s of a first AveragePool's 15.
-Called through its address (an argument, so the driver's code holds no constant that
+Called by name, numba would link the entry point's code into
+each driver and optimize and compile it a second time. Called through its address (an argument, so the driver's code holds no constant that
 differs between processes, and loads from the disk cache), a driver compiles in well under
 a second whatever kernel it runs, and the kernel's loops compile once.
 
@@ -66,24 +64,3 @@ def maxima_in_parallel(address, units, chunks, threads, arguments):
 def sums_in_parallel(address, units, chunks, threads, arguments):
     """As maxima_in_parallel, for the summing entry points."""
     _drive(address, units, chunks, threads, arguments)
-
-
-def entry_address(entry_point, arguments: tuple) -> int:
-    """The address of ``entry_point``'s machine code for ``(unit_begin, unit_end,
-    *arguments)``, compiled or loaded from the cache now if need be. Valid as long as the
-    dispatcher lives (the kernels are module globals)."""
-    signature = (types.int64, types.int64) + tuple(entry_point.typeof_pyval(a) for a in arguments)
-    entry_point.compile(signature)
-    compiled = entry_point.overloads[signature]
-    return compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
-
-
-def run_in_parallel(driver, entry_point, addresses: dict, key, units, chunks, threads,
-                    arguments: tuple) -> None:
-    """``driver`` over ``entry_point``'s units [0, units) in ``chunks`` runs on ``threads``
-    threads. ``addresses`` keeps the entry point's address per ``key``, a value that
-    names the argument types (an array's writable flag changes its numba type), so that a
-    repeated call looks it up instead of asking the dispatcher."""
-    address = addresses.get(key) or addresses.setdefault(key, entry_address(entry_point,
-                                                                            arguments))
-    driver(address, units, chunks, threads, arguments)

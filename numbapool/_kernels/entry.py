@@ -1,0 +1,42 @@
+"""Serial entry points: a kernel, and the kinds its loops are compiled for.
+
+Every kernel runs work units on the calling thread: ``(unit_begin, unit_end, *arguments,
+*kinds)``. A kernel specialized per kind (the columns and fixed windows, the global sums per
+kind of p) takes its kinds last and is compiled with them as literals: numba compiles that
+kind's loops with the kinds constant, and a first call compiles its own kind only.
+
+The compiled specialization is called itself: from Python through its own wrapper, from a
+parallel driver through the address of its machine code. A jitted function between the two,
+such as a closure over the kinds, would link the kernel's code into its own, and LLVM would
+optimize and compile it all a second time: about half a second of a first call.
+"""
+
+from typing import NamedTuple
+
+from numba import types
+
+
+class Compiled(NamedTuple):
+    """An entry point compiled for one set of argument types."""
+
+    function: object  # called from Python: (unit_begin, unit_end, *arguments, *kinds)
+    address: int  # its machine code, for a parallel driver (parallel.py)
+
+
+class EntryPoint(NamedTuple):
+    kernel: object  # a numba dispatcher
+    kinds: tuple = ()  # its last arguments, compiled as literals
+
+    def compile(self, arguments: tuple) -> Compiled:
+        """The kernel compiled (or loaded from the disk cache) for ``arguments``, which end
+        with the kinds. Valid as long as the dispatcher lives (the kernels are module
+        globals). The caller keeps it per argument types: the function it returns does not
+        check them."""
+        given = arguments[:len(arguments) - len(self.kinds)]
+        signature = ((types.int64, types.int64)
+                     + tuple(self.kernel.typeof_pyval(a) for a in given)
+                     + tuple(types.literal(kind) for kind in self.kinds))
+        self.kernel.compile(signature)
+        result = self.kernel.overloads[signature]
+        return Compiled(result.entry_point,
+                        result.library.get_pointer_to_function(result.fndesc.llvm_func_name))
