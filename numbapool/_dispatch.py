@@ -37,7 +37,7 @@ _INF_BITS = {np.dtype(np.float16): 0x7C00, BFLOAT16: 0x7F80, np.dtype(np.float32
 _MAX_POOL = EntryPoint(maxima.max_pool_units)
 _MAX_POOL_WITH_INDICES = EntryPoint(maxima.max_pool_units_with_indices)
 _SUM_POOL = EntryPoint(sums.sum_pool_units)
-_GLOBAL_MAX = EntryPoint(global_.global_max_units)
+_GLOBAL_MAX = EntryPoint(global_.global_max_units, inputs=2)  # x and its bits
 
 # Global pooling calls seen, keyed by (op, shape, dtype, p): see _global_call
 _GLOBAL_CALLS: dict = {}
@@ -82,7 +82,7 @@ class Launch(NamedTuple):
     arguments: tuple  # its trailing arguments, its kinds last
     indices_arguments: tuple  # MaxPool's: max_pool_units_with_indices's after Indices
     driver: object  # the parallel driver of the entry point's family
-    compiled: dict  # the entry point compiled, per (Indices?, x writable?), as met
+    compiled: dict  # the entry point compiled, per Indices?, as met
 
 
 def _launch(plan: WindowPlan, threads: int) -> Launch:
@@ -190,19 +190,28 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
         entry = _MAX_POOL_WITH_INDICES
         arguments = (indices.reshape(rows_in.shape[0], -1), *indices_arguments)
     arguments = (rows_in, rows_out, *arguments)
-    # an array's writable flag is part of its numba type
-    key = (return_indices, rows_in.flags.writeable)
-    function, address = compiled.get(key) or compiled.setdefault(key, entry.compile(arguments))
+    function, address = (compiled.get(return_indices)
+                         or compiled.setdefault(return_indices, entry.compile(arguments)))
     guarded = _threads.enter_parallel(threads) if chunks else None
     try:
         if guarded is None:
             function(0, units, *arguments)
         else:
-            driver(address, units, chunks, threads, arguments)
+            _drive(driver, address, units, chunks, threads, entry, arguments)
     finally:
         if guarded:
             _threads.leave_parallel()
     return (y, indices) if return_indices else y
+
+
+def _drive(driver, address, units, chunks, threads, entry, arguments) -> None:
+    """The parallel ``driver`` over the entry point at ``address``. The entry point's inputs
+    are compiled read-only (entry.py), and the driver passes them on as it types them: they
+    go read-only. They are views of numbapool's own (reshaped), so the caller's arrays
+    keep their flags."""
+    for array in arguments[:entry.inputs]:
+        array.flags.writeable = False
+    driver(address, units, chunks, threads, arguments)
 
 
 def _specialized(plan: WindowPlan):
@@ -246,7 +255,7 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
     """What a valid global pooling call with these arguments needs besides its arrays:
     (out_shape, dtype, rows, serial entry point, its trailing arguments, the storage dtype
     of 16-bit floats or None, the dtype of the bits GlobalMaxPool compares or None, the
-    parallel driver, the entry point compiled per x writable?). Validates, and keeps the
+    parallel driver, [the entry point compiled, once met]). Validates, and keeps the
     answer for the next call."""
     plan = global_plan(op, shape, dtype)
     storage = _STORAGE.get(plan.dtype)
@@ -262,7 +271,7 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
     if len(_GLOBAL_CALLS) >= _MAX_GLOBAL_CALLS:  # shapes that never repeat: stay bounded
         _GLOBAL_CALLS.clear()
     call = _GLOBAL_CALLS[op, shape, dtype, p] = (plan.out_shape, plan.dtype, plan.rows, *kernels,
-                                                 {})
+                                                 [None])
     return call
 
 
@@ -289,16 +298,17 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     else:  # the maximum runs over the bits as signed integers (global_.global_max_units)
         arrays = (rows_in, rows_in.view(bits), rows_out, rows_out.view(bits))
     arguments = (*arrays, *constants)
-    writable = rows_in.flags.writeable
-    function, address = compiled.get(writable) or compiled.setdefault(
-        writable, entry.compile(arguments))
+    if compiled[0] is None:
+        compiled[0] = entry.compile(arguments)
+    function, address = compiled[0]
     threads = _threads.get_num_threads()
     guarded = _threads.enter_parallel(threads)
     try:
         if guarded is None:
             function(0, rows[0], *arguments)
         else:
-            driver(address, rows[0], min(rows[0], global_.CHUNKS), threads, arguments)
+            _drive(driver, address, rows[0], min(rows[0], global_.CHUNKS), threads, entry,
+                   arguments)
     finally:
         if guarded:
             _threads.leave_parallel()

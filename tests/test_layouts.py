@@ -101,3 +101,41 @@ def test_empty_batch_or_channels(shape):
                   numbapool.global_lp_pool):
         assert pool_(x).shape == shape[:2] + (1, 1)
     assert numbapool.max_unpool(y, indices, [2, 2]).shape == shape
+
+
+def _kernel_signatures() -> dict:
+    """Every numbapool kernel and driver: the signatures it has compiled or loaded."""
+    import numba
+
+    from numbapool import _kernels
+    from numbapool._kernels import columns, fixed, global_, maxima, parallel, sums, unpool
+
+    modules = (columns, fixed, global_, maxima, parallel, sums, unpool)
+    assert {m.__name__ for m in modules} >= {f"{_kernels.__name__}.{name}" for name in
+                                             ("columns", "fixed", "global_", "maxima",
+                                              "parallel", "sums", "unpool")}
+    return {(module.__name__, name): list(value.signatures) for module in modules
+            for name, value in vars(module).items()
+            if isinstance(value, numba.core.registry.CPUDispatcher)}
+
+
+@pytest.mark.parametrize("side", [5, 96])  # the serial entry point; the parallel driver too
+def test_read_only_inputs_share_the_compiled_kernels(side):
+    """A read-only array is a numba type of its own; the kernels are compiled for read-only
+    inputs whatever the flag, so a read-only input after a writable one (of another shape:
+    a call of its own) compiles (or loads) nothing, and the writable input stays
+    writable."""
+    x = RNG.standard_normal((2, 8, side, side)).astype(np.float32)
+    other = RNG.standard_normal((2, 8, side + 1, side + 1)).astype(np.float32)
+    read_only = other.copy()
+    read_only.flags.writeable = False
+    calls = [CALLS[op] for op in sorted(CALLS)] + [
+        lambda x: numbapool.max_pool(x, [3, 3], strides=[2, 2]),
+        lambda x: numbapool.average_pool(x, [2, 2], strides=[2, 2])]
+    for call in calls:
+        call(x)
+        assert x.flags.writeable
+        before = _kernel_signatures()
+        got = call(read_only)
+        assert _kernel_signatures() == before
+        np.testing.assert_array_equal(got, call(other))

@@ -26,15 +26,20 @@ class Compiled(NamedTuple):
 class EntryPoint(NamedTuple):
     kernel: object  # a numba dispatcher
     kinds: tuple = ()  # its last arguments, compiled as literals
+    inputs: int = 1  # its first arguments: arrays it only reads
 
     def compile(self, arguments: tuple) -> Compiled:
         """The kernel compiled (or loaded from the disk cache) for ``arguments``, which end
         with the kinds. Valid as long as the dispatcher lives (the kernels are module
         globals). The caller keeps it per argument types: the function it returns does not
-        check them."""
-        given = arguments[:len(arguments) - len(self.kinds)]
-        signature = ((types.int64, types.int64)
-                     + tuple(self.kernel.typeof_pyval(a) for a in given)
+        check them.
+
+        The inputs are compiled as read-only arrays whatever their flags (a flag is part of
+        an array's numba type, not of its layout), so that one compilation serves writable
+        and read-only inputs; a parallel driver must receive them read-only."""
+        given = [self.kernel.typeof_pyval(a) for a in arguments[:len(arguments) - len(self.kinds)]]
+        given[:self.inputs] = [array.copy(readonly=True) for array in given[:self.inputs]]
+        signature = ((types.int64, types.int64) + tuple(given)
                      + tuple(types.literal(kind) for kind in self.kinds))
         self.kernel.compile(signature)
         result = self.kernel.overloads[signature]
