@@ -1,10 +1,11 @@
 """The parallel drivers: a prange over runs of work units, each run handed to a family's
 serial entry point (entry.py) through the address of its machine code.
 
-Called by name, numba would link the entry point's code into
-each driver and optimize and compile it a second time. Called through its address (an argument, so the driver's code holds no constant that
-differs between processes, and loads from the disk cache), a driver compiles in well under
-a second whatever kernel it runs, and the kernel's loops compile once.
+Called by name, numba would link the entry point's code into each driver and optimize and
+compile it a second time. Called through its address (an argument, so the driver's code
+holds no constant that differs between processes, and loads from the disk cache), a driver
+compiles in well under a second whatever kernel it runs, and the kernel's loops compile
+once.
 
 The maxima (MaxPool, GlobalMaxPool) and the sums have a driver each, of one body: numba
 rewrites a function's whole index of cache entries when a process adds one, so processes
