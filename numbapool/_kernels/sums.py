@@ -103,6 +103,13 @@ def store_roots(totals, begin, out, out_begin, count, p, p_kind, y):
         out[out_begin + np.uint64(j)] = encode(lp_root(totals[begin + np.uint64(j)], p, p_kind), y)
 
 
+@njit(**OPTIONS)
+def store_roots_apart(totals, begin, out, out_begin, count, p, p_kind, y):
+    """store_roots as a function of its own, for the generic kernel: inlined into it, the
+    roots' loops made its AveragePool loops slower."""
+    store_roots(totals, begin, out, out_begin, count, p, p_kind, y)
+
+
 @njit(inline="always")
 def term_at(source, index, p, p_kind):
     """One element's summand, computed in the accumulator type (that of ``p``)."""
@@ -344,4 +351,4 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_
             for j in range(end - first):
                 out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, 2), y)
         else:
-            store_roots(totals, np.uint64(0), out, out_begin, end - first, p_acc, p_kind, y)
+            store_roots_apart(totals, np.uint64(0), out, out_begin, end - first, p_acc, p_kind, y)
