@@ -15,11 +15,13 @@ first NaN wins) and the tap-by-tap maximum of a border output (``border_max``).
 import numpy as np
 from numba import njit
 
-from .._plan import AXIS_DILATION, AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
+from .._plan import (AXIS_DILATION, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_OUT, AXIS_PAD_BEGIN,
+                     AXIS_STRIDE)
 from . import OPTIONS
 from .codec import decode
-from .units import (first_input_row, first_unit, input_index, input_row_strides, next_unit,
-                    place_row, row_slot, tap_is_inside, tap_run)
+from .units import (first_input_row, first_unit, input_row_strides, next_unit,
+                    place_row, row_slot, tap_index_offsets, tap_is_inside, tap_run,
+                    window_index)
 
 
 @njit(inline="always")
@@ -106,7 +108,7 @@ def max_pool_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, 
     """Max over each window; the first NaN wins, ties go to the first maximum in the scan.
     ``y`` receives the winning element itself (bit for bit), or ``lowest`` for a window
     with no tap inside the input."""
-    _max_pool_units(unit_begin, unit_end, x, y, None, None, None, lowest, axes, taps,
+    _max_pool_units(unit_begin, unit_end, x, y, None, None, None, None, lowest, axes, taps,
                     tap_offsets, tap_outputs, lead_rows, block, slots)
 
 
@@ -115,16 +117,17 @@ def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, lowest, axe
                                 tap_offsets, tap_outputs, lead_rows, block, slots):
     """max_pool_units, and in ``indices`` the winner's offset in the whole input, numbered
     with the index strides, or -1."""
-    _max_pool_units(unit_begin, unit_end, x, y, indices, np.empty(block, np.int64),
-                    np.empty(max(slots, 1) * block, np.int64), lowest, axes, taps, tap_offsets,
-                    tap_outputs, lead_rows, block, slots)
+    _max_pool_units(unit_begin, unit_end, x, y, indices, tap_index_offsets(taps, axes),
+                    np.empty(block, np.int64), np.empty(max(slots, 1) * block, np.int64), lowest,
+                    axes, taps, tap_offsets, tap_outputs, lead_rows, block, slots)
 
 
 @njit(inline="always")
-def _max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, row_taps, lowest, axes, taps,
-                    tap_offsets, tap_outputs, lead_rows, block, slots):
-    """The body of both: ``indices``, ``best_taps`` and ``row_taps`` are all None or all
-    arrays, known when numba compiles, so each case gets loops of its own.
+def _max_pool_units(unit_begin, unit_end, x, y, indices, index_offsets, best_taps, row_taps,
+                    lowest, axes, taps, tap_offsets, tap_outputs, lead_rows, block, slots):
+    """The body of both: ``indices``, ``index_offsets`` (units.tap_index_offsets),
+    ``best_taps`` and ``row_taps`` are all None or all arrays, known when numba compiles,
+    so each case gets loops of its own.
 
     A window's first maximum in row-major order is the first maximum over its rows of
     each row's first maximum along the last axis: rows come first in that order. So each
@@ -190,11 +193,13 @@ def _max_pool_units(unit_begin, unit_end, x, y, indices, best_taps, row_taps, lo
         for j in range(end - first):
             out[out_begin + np.uint64(j)] = best[j]
         if indices is not None:
+            starts[last] = first * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
+            at = window_index(nc, channel_size, starts, axes)
+            at_step = axes[AXIS_STRIDE, last] * axes[AXIS_INDEX_STRIDE, last]
             for j in range(end - first):
-                starts[last] = (first + j) * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
                 tap = best_taps[j]
                 indices[nc, row + first + j] = (
-                    -1 if tap < 0 else input_index(nc, channel_size, tap, taps, starts, axes))
+                    -1 if tap < 0 else at + j * at_step + index_offsets[tap])
 
 
 @njit(inline="always")

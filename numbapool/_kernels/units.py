@@ -116,12 +116,23 @@ def tap_run(tap, first, end, tap_outputs, row_offset, axes, tap_offsets):
 
 
 @njit(inline="always")
-def input_index(nc, channel_size, tap, taps, starts, axes):
-    """The tap's offset in the whole input, spatial part numbered with the index strides."""
+def tap_index_offsets(taps, axes):
+    """Per tap, its offset from its window's start in the Indices numbering (the index
+    strides): a window's winner is then found by one addition, not a loop over the axes."""
+    offsets = np.zeros(taps.shape[0], np.int64)
+    for tap in range(taps.shape[0]):
+        for axis in range(axes.shape[1]):
+            offsets[tap] += (taps[tap, axis] * axes[AXIS_DILATION, axis]
+                             * axes[AXIS_INDEX_STRIDE, axis])
+    return offsets
+
+
+@njit(inline="always")
+def window_index(nc, channel_size, starts, axes):
+    """The Indices numbering of the window's start at ``starts``, in channel ``nc``."""
     index = nc * channel_size
     for axis in range(axes.shape[1]):
-        position = starts[axis] + taps[tap, axis] * axes[AXIS_DILATION, axis]
-        index += position * axes[AXIS_INDEX_STRIDE, axis]
+        index += starts[axis] * axes[AXIS_INDEX_STRIDE, axis]
     return index
 
 
