@@ -27,8 +27,9 @@ from .units import (first_input_row, first_unit, input_row_strides, next_unit,
 @njit(inline="always")
 def keeps(best, candidate):
     """Whether ``best`` stays against a later ``candidate`` in a row-major scan: it is at
-    least as large (ties keep the first), or it is a NaN (the first NaN wins)."""
-    return best >= candidate or best != best
+    least as large (ties keep the first), or it is a NaN (the first NaN wins). Bitwise,
+    not short-circuit, as are the tests around it: no branch per element in the loops."""
+    return (best >= candidate) | (best != best)
 
 
 @njit(inline="always")
@@ -49,7 +50,7 @@ def _max_run_with_taps(source, offset, step, best, best_taps, tap, begin, count)
     for j in range(count):
         value = source[offset + np.uint64(j) * step]
         kept = best[begin + np.uint64(j)]
-        take = best_taps[begin + np.uint64(j)] < 0 or not keeps(decode(kept), decode(value))
+        take = (best_taps[begin + np.uint64(j)] < 0) | (not keeps(decode(kept), decode(value)))
         best[begin + np.uint64(j)] = value if take else kept
         best_taps[begin + np.uint64(j)] = tap if take else best_taps[begin + np.uint64(j)]
 
@@ -185,8 +186,8 @@ def _max_pool_units(unit_begin, unit_end, x, y, indices, index_offsets, best_tap
                 for j in range(end - first):
                     value = rows[base + np.uint64(j)]
                     found = row_taps[base + np.uint64(j)]
-                    take = found >= 0 and (
-                        best_taps[j] < 0 or not keeps(decode(best[j]), decode(value)))
+                    take = (found >= 0) & (
+                        (best_taps[j] < 0) | (not keeps(decode(best[j]), decode(value))))
                     best[j] = value if take else best[j]
                     best_taps[j] = tap + found if take else best_taps[j]
         out_begin = np.uint64(nc * y.shape[1] + row + first)
