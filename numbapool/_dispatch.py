@@ -188,7 +188,8 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     units, chunks, entry, arguments, indices_arguments, driver, compiled = _launch(plan, threads)
     if return_indices:  # only the generic kernel tracks the winning taps
         entry = _MAX_POOL_WITH_INDICES
-        arguments = (indices.reshape(rows_in.shape[0], -1), *indices_arguments)
+        arguments = (indices.reshape(rows_in.shape[0], -1), plan.geometry["tap_index_offsets"],
+                     *indices_arguments)
     arguments = (rows_in, rows_out, *arguments)
     function, address = (compiled.get(return_indices)
                          or compiled.setdefault(return_indices, entry.compile(arguments)))

@@ -158,8 +158,9 @@ class WindowPlan:
         column per spatial axis. ``taps`` lists every tap of the window as per-axis tap
         numbers, in row-major order (the scan order that decides ties and the first NaN);
         ``tap_offsets`` is each tap's element offset from the window's first tap in a
-        C-ordered input; ``tap_outputs[k]`` the [first, end) run of outputs along the last
-        axis for which tap number k of that axis lies inside the input there.
+        C-ordered input, ``tap_index_offsets`` the same numbered as Indices number the
+        input (the index strides); ``tap_outputs[k]`` the [first, end) run of outputs along
+        the last axis for which tap number k of that axis lies inside the input there.
         ``divisor_counts`` is AveragePool's (``divisor_counts()``). ``lead_rows`` lists the window's input rows (one per
         tap of the leading axes) as offsets counted in rows of the last axis.
         """
@@ -181,7 +182,9 @@ class WindowPlan:
         axes[AXIS_INDEX_STRIDE] = index_strides
         axes[AXIS_EXTENT] = window_extents(self.kernel_shape, self.dilations)
         taps = np.indices(self.kernel_shape, dtype=np.int64).reshape(rank, -1).T.copy()
-        tap_offsets = taps @ (np.array(self.dilations, dtype=np.int64) * row_major)
+        dilations = np.array(self.dilations, dtype=np.int64)
+        tap_offsets = taps @ (dilations * row_major)
+        tap_index_offsets = taps @ (dilations * index_strides)
         if divisor_counts is None:
             divisor_counts = self.divisor_counts((0,) * rank, max(self.spatial_out))
         # Along the last axis each tap number k is inside for one run [first, end) of outputs:
@@ -194,6 +197,7 @@ class WindowPlan:
         # The window's input rows (one per tap of the leading axes), as offsets in rows.
         lead_rows = tap_offsets[::self.kernel_shape[-1]] // self.spatial_in[-1]
         return dict(axes=axes, taps=taps, tap_offsets=np.ascontiguousarray(tap_offsets),
+                    tap_index_offsets=np.ascontiguousarray(tap_index_offsets),
                     tap_outputs=np.ascontiguousarray(runs),
                     lead_rows=np.ascontiguousarray(lead_rows), divisor_counts=divisor_counts)
 

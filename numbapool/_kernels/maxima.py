@@ -20,8 +20,7 @@ from .._plan import (AXIS_DILATION, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_OUT, AXIS_P
 from . import OPTIONS
 from .codec import decode
 from .units import (first_input_row, first_unit, input_row_strides, next_unit,
-                    place_row, row_slot, tap_index_offsets, tap_is_inside, tap_run,
-                    window_index)
+                    place_row, row_slot, tap_is_inside, tap_run, window_index)
 
 
 @njit(inline="always")
@@ -114,11 +113,12 @@ def max_pool_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, 
 
 
 @njit(**OPTIONS)
-def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, lowest, axes, taps,
-                                tap_offsets, tap_outputs, lead_rows, block, slots):
+def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, tap_index_offsets, lowest,
+                                axes, taps, tap_offsets, tap_outputs, lead_rows, block, slots):
     """max_pool_units, and in ``indices`` the winner's offset in the whole input, numbered
-    with the index strides, or -1."""
-    _max_pool_units(unit_begin, unit_end, x, y, indices, tap_index_offsets(taps, axes),
+    with the index strides, or -1: its window start's number plus its tap's entry in
+    ``tap_index_offsets`` (the plan's)."""
+    _max_pool_units(unit_begin, unit_end, x, y, indices, tap_index_offsets,
                     np.empty(block, np.int64), np.empty(max(slots, 1) * block, np.int64), lowest,
                     axes, taps, tap_offsets, tap_outputs, lead_rows, block, slots)
 
@@ -126,7 +126,7 @@ def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, lowest, axe
 @njit(inline="always")
 def _max_pool_units(unit_begin, unit_end, x, y, indices, index_offsets, best_taps, row_taps,
                     lowest, axes, taps, tap_offsets, tap_outputs, lead_rows, block, slots):
-    """The body of both: ``indices``, ``index_offsets`` (units.tap_index_offsets),
+    """The body of both: ``indices``, ``index_offsets`` (the plan's tap_index_offsets),
     ``best_taps`` and ``row_taps`` are all None or all arrays, known when numba compiles,
     so each case gets loops of its own.
 

@@ -116,18 +116,6 @@ def tap_run(tap, first, end, tap_outputs, row_offset, axes, tap_offsets):
 
 
 @njit(inline="always")
-def tap_index_offsets(taps, axes):
-    """Per tap, its offset from its window's start in the Indices numbering (the index
-    strides): a window's winner is then found by one addition, not a loop over the axes."""
-    offsets = np.zeros(taps.shape[0], np.int64)
-    for tap in range(taps.shape[0]):
-        for axis in range(axes.shape[1]):
-            offsets[tap] += (taps[tap, axis] * axes[AXIS_DILATION, axis]
-                             * axes[AXIS_INDEX_STRIDE, axis])
-    return offsets
-
-
-@njit(inline="always")
 def window_index(nc, channel_size, starts, axes):
     """The Indices numbering of the window's start at ``starts``, in channel ``nc``."""
     index = nc * channel_size
