@@ -5,15 +5,24 @@ kernels and a per-user directory, and raises at import when none is writable. nu
 decides once, before its kernels are defined: when ``NUMBA_CACHE_DIR`` is set only that
 directory counts (falling back elsewhere would write where the user said not to), and
 when no place is writable the kernels compile in every process, after one warning.
+Processes sharing the directory save their compiled kernels in turns (locked_cache).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import tempfile
 import warnings
 
 import numba
+from numba.core import caching
+
+try:
+    import fcntl
+except ImportError:  # Windows: saves go unlocked, as numba's own do
+    fcntl = None
 
 KERNEL_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kernels")
 _KERNEL_MODULES = ("maxima", "sums", "fixed", "columns", "global_", "unpool")
@@ -36,7 +45,6 @@ def _locate() -> tuple[str | None, str | None]:
         if problem:
             return None, f"NUMBA_CACHE_DIR={numba.config.CACHE_DIR!r}: {problem}"
     try:  # numba's own search, so that the answer is where numba will write
-        from numba.core import caching
         implementation = getattr(caching, "CacheImpl", None) or caching._CacheImpl
         locator_classes = implementation._locator_classes
     except (ImportError, AttributeError):  # another numba: let it decide
@@ -71,3 +79,50 @@ def cache_contents() -> dict[str, dict]:
             kernel["files"] += 1
             kernel["bytes"] += entry.stat().st_size
     return dict(sorted(contents.items()))
+
+
+
+@contextlib.contextmanager
+def _exclusive(path: str):
+    """Hold an exclusive advisory lock on the file at ``path`` (created if missing)."""
+    if fcntl is None:
+        yield
+        return
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
+
+
+class _LockedIndex(caching.IndexDataCacheFile):
+    """numba's index and data files of one function, saved in turns (locked_cache)."""
+
+    def save(self, key, data):
+        with _exclusive(self._index_path + ".lock"):
+            entries = self._load_index()
+            name = entries.get(key)
+            if name is None:
+                taken = set(entries.values())
+                name = next(name for name in map(self._data_name, itertools.count(1))
+                            if name not in taken)
+            self._save_data(name, data)
+            if entries.get(key) != name:
+                entries[key] = name
+                self._save_index(entries)
+
+
+def locked_cache(function) -> caching.FunctionCache:
+    """numba's disk cache of ``function``, whose saves take turns across processes.
+
+    numba saves a compiled specialization by reading the function's index of entries,
+    numbering a data file after the entries it found, and writing the index back whole.
+    Two processes saving entries of one function at once (two specializations, or the same
+    one twice) could each write an index without the other's entry, or number their data
+    files alike and leave an entry naming the other's data: a later process would load
+    code compiled for other argument types. Here a save holds a lock on a file beside the
+    index from reading the index to writing it back, and writes the data file before the
+    index names it, so a process loading meanwhile finds either no entry or a whole one."""
+    cache = caching.FunctionCache(function)
+    index = cache._cache_file
+    cache._cache_file = _LockedIndex(index._cache_path, cache._impl.filename_base,
+                                     index._source_stamp)
+    return cache

@@ -5,6 +5,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import time
 
 import numba
 import numpy as np
@@ -191,3 +192,44 @@ def test_four_processes_on_one_empty_cache_then_on_it_warm(tmp_path):
     y, i = numbapool.max_pool(X, [3, 3], pads=[1, 1, 1, 1], return_indices=True)
     expected = [y, i, numbapool.max_pool(X, [3, 3], strides=[2, 2]), numbapool.global_max_pool(X)]
     assert first.strip() == str([float(o.astype(np.float64).sum()) for o in expected])
+
+
+
+# Entries saved to one kernel's disk cache by several processes at the same moment: each
+# waits for a start time, then saves entries of its own, keys and data naming it; then one
+# process loads every entry.
+_SAVE_SCRIPT = """
+import sys, time
+from numbapool import _cache
+from numbapool._kernels import maxima
+index = _cache.locked_cache(maxima.max_pool_units.py_func)._cache_file
+process, start, count = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+while time.time() < start:
+    pass
+if process >= 0:
+    for entry in range(count):
+        index.save(("entry", process, entry), ("data", process, entry))
+else:  # how many entries of the processes 0 to -process - 1 do not load as saved
+    keys = [("entry", p, e) for p in range(-process) for e in range(count)]
+    print(sum(index.load(key) != ("data",) + key[1:] for key in keys))
+"""
+
+
+def test_processes_saving_to_one_kernel_at_once_lose_no_entry(tmp_path):
+    # numba rewrites a function's whole index per save: unlocked, processes saving at once
+    # drop each other's entries, or number their data files alike
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    processes, count = 4, 40
+
+    def run(process, start):
+        return subprocess.Popen([sys.executable, "-c", _SAVE_SCRIPT, str(process), str(start),
+                                 str(count)], env=env, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+
+    start = time.time() + 3  # every saver started and waiting by then
+    savers = [run(process, start) for process in range(processes)]
+    for saver in savers:
+        _, stderr = saver.communicate(timeout=600)
+        assert saver.returncode == 0, stderr
+    out, stderr = run(-processes, 0).communicate(timeout=600)
+    assert out.strip() == "0", stderr

@@ -2,7 +2,17 @@
 which call): units (shared work units), maxima, sums, fixed, columns (windowed pools),
 global_, unpool; codec (16-bit float elements), threads, prefetch."""
 
-from .._cache import CACHE_DIRECTORY
+from numba import njit
 
-# Every kernel: cached on disk where numba can, and free of the GIL while it runs.
-OPTIONS = dict(cache=CACHE_DIRECTORY is not None, nogil=True)
+from .._cache import CACHE_DIRECTORY, locked_cache
+
+
+def kernel(**options):
+    """``numba.njit(**options)`` for a kernel: free of the GIL while it runs, and cached on
+    disk where numba can, with saves that take turns across processes (_cache.locked_cache)."""
+    def decorate(function):
+        dispatcher = njit(nogil=True, **options)(function)
+        if CACHE_DIRECTORY is not None:
+            dispatcher._cache = locked_cache(function)
+        return dispatcher
+    return decorate

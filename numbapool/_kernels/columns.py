@@ -14,7 +14,7 @@ from numba import njit
 
 from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INPUT_STRIDE, AXIS_OUT,
                      AXIS_PAD_BEGIN, AXIS_STRIDE)
-from . import OPTIONS
+from . import kernel
 from .codec import decode
 from .units import first_unit_row, tap_is_inside, unit_row
 from .maxima import border_max, fold_max, fold_max_run, start_maxima
@@ -102,7 +102,7 @@ def column_kind(width, step, dilation):
 
 # The kind of window arrives as literal arguments (entry.py), so that each kind compiles
 # loops of its own with them constant.
-@njit(**OPTIONS)
+@kernel()
 def column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps, tap_offsets, block,
                  window_width, window_step, outer_axes):
     """MaxPool without Indices, input rows first: the window's input rows are folded

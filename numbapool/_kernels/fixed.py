@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit
 
 from .._plan import AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN
-from . import OPTIONS
+from . import kernel
 from .entry import EntryPoint
 from .codec import accumulator_array, as_accumulator, decode, encode
 from .units import first_unit_row, interior_outputs, interior_span, unit_row
@@ -34,7 +34,7 @@ def _fixed_layout(axes):
 
 # The window's size and step (and the sums' kind of p) arrive as literal arguments
 # (entry.py), so that each window compiles loops of its own with them constant.
-@njit(**OPTIONS)
+@kernel()
 def fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block, depth,
                     height, width, step):
     """MaxPool over units [unit_begin, unit_end) for a depth x height x width window (depth 1:
@@ -94,7 +94,7 @@ def _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_le
         store_roots(totals, np.uint64(0), out, np.uint64(out_first + lo), hi - lo, p, p_kind, y)
 
 
-@njit(**OPTIONS)
+@kernel()
 def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
                     divisor_counts, block, depth, height, width, step, p_kind):
     """AveragePool (p_kind 0) or LpPool (p_kind 1 to 4, as sums.lp_term) over units

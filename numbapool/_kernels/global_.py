@@ -17,7 +17,7 @@ from numba import njit
 
 from .codec import decode, encode, float32_bits
 from .prefetch import prefetch_ahead
-from . import OPTIONS
+from . import kernel
 from .entry import EntryPoint
 from .maxima import keeps
 from .sums import lp_root, lp_term
@@ -56,7 +56,7 @@ def order_key(bits, magnitude_mask, sign_shift):
     return np.bitwise_xor(bits, np.bitwise_and(np.right_shift(bits, sign_shift), magnitude_mask))
 
 
-@njit(**OPTIONS)
+@kernel()
 def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, sign_shift):
     """The first largest element of each channel, bit for bit; a NaN gives the first NaN.
 
@@ -109,7 +109,7 @@ def _finish(total, size, p, p_kind, y):
 
 
 # Not inlined: numba would compile the inlined loop with its caller's strict float flags.
-@njit(fastmath={"reassoc"}, **OPTIONS)
+@kernel(fastmath={"reassoc"})
 def reordered_sum(flat, base, size, p, p_kind):
     """The sum of a channel's terms, added in whatever order the compiler picks, which
     vectorizes."""
@@ -119,7 +119,7 @@ def reordered_sum(flat, base, size, p, p_kind):
     return total
 
 
-@njit(fastmath={"reassoc"}, **OPTIONS)
+@kernel(fastmath={"reassoc"})
 def reordered_sums(flat, base, size):
     """(the sum of a channel's elements, the sum of their magnitudes), each added in
     whatever order the compiler picks."""
@@ -132,7 +132,7 @@ def reordered_sums(flat, base, size):
     return total, magnitudes
 
 
-@njit(fastmath={"reassoc"}, **OPTIONS)
+@kernel(fastmath={"reassoc"})
 def magnitudes_bound(flat, start, count):
     """At least the sum of |x| over flat[start:start + count], count <= PIECE: their float32
     sum, within 1% of the exact one whatever the order, doubled."""
@@ -179,7 +179,7 @@ def proven_result(total, bound, count, inverse, p, p_kind, y):
     return low, (low == high) & ((low != 0) | (bound == 0)) & (bound < np.inf)
 
 
-@njit(**OPTIONS)
+@kernel()
 def sum_is_exact(flat, base, size, bound):
     """Whether every float64 sum of the channel's terms, in any order, is exact, and so
     equal to the in-order one; ``bound`` is at least the sum of their magnitudes.
@@ -199,7 +199,7 @@ def sum_is_exact(flat, base, size, bound):
     return bound <= math.ldexp(1.0, max(exponent, 1) - 150 + 53)
 
 
-@njit(**OPTIONS)
+@kernel()
 def reordered_units(begin, end, x, y, p, p_kind):
     """Channels [begin, end) from reordered sums where they give the in-order result,
     else from in-order sums. Called with ``p_kind`` a literal: a loop of its own per kind.
@@ -256,7 +256,7 @@ def reordered_units(begin, end, x, y, p, p_kind):
             y[first + k] = _finish(total, count, p, p_kind, y)
 
 
-@njit(**OPTIONS)
+@kernel()
 def global_sum_units(begin, end, x, y, p, p_kind):
     """Each channel's terms added in order, or a result proved equal to that (see the
     module's docstring); otherwise channels go GROUP at a time, element i of each in step.
@@ -282,7 +282,7 @@ def global_sum_units(begin, end, x, y, p, p_kind):
             y[first + c] = _finish(totals[c], size, p, p_kind, y)
 
 
-@njit(**OPTIONS)
+@kernel()
 def global_sum_continue(x, totals, p, p_kind):
     """Add each channel's terms, in order, to its running float64 total: the sum that
     global_sum_units makes, continued across consecutive slabs of the channels."""
@@ -296,7 +296,7 @@ def global_sum_continue(x, totals, p, p_kind):
         totals[nc] = total
 
 
-@njit(**OPTIONS)
+@kernel()
 def global_sum_finish(totals, size, y, p, p_kind):
     """The mean or the root of each total, rounded once, as global_sum_units ends."""
     for nc in range(totals.shape[0]):

@@ -17,7 +17,7 @@ from numba import njit
 
 from .._plan import (AXIS_DILATION, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_OUT, AXIS_PAD_BEGIN,
                      AXIS_STRIDE)
-from . import OPTIONS
+from . import kernel
 from .codec import decode
 from .units import (first_input_row, first_unit, input_row_strides, next_unit,
                     place_row, row_slot, tap_is_inside, tap_run, window_index)
@@ -90,7 +90,7 @@ def start_maxima(target, target_taps, base, count, lowest):
 
 # Not inlined: called from two places, it would be compiled twice, and the first call's
 # compile time is what a notebook user waits for.
-@njit(**OPTIONS)
+@kernel()
 def max_over_last_axis(source, row_start, first, end, step, target, target_taps, base, axes,
                        tap_outputs, tap_offsets, k_last, tap_base):
     """Fold the last-axis taps of one input row, numbered from ``tap_base``, into
@@ -102,7 +102,7 @@ def max_over_last_axis(source, row_start, first, end, step, target, target_taps,
 
 # The loops live in plain functions that the parallel driver calls: inside numba's
 # parallel region they optimize (and vectorize) far worse.
-@njit(**OPTIONS)
+@kernel()
 def max_pool_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, tap_outputs,
                    lead_rows, block, slots):
     """Max over each window; the first NaN wins, ties go to the first maximum in the scan.
@@ -112,7 +112,7 @@ def max_pool_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, 
                     tap_offsets, tap_outputs, lead_rows, block, slots)
 
 
-@njit(**OPTIONS)
+@kernel()
 def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, tap_index_offsets, lowest,
                                 axes, taps, tap_offsets, tap_outputs, lead_rows, block, slots):
     """max_pool_units, and in ``indices`` the winner's offset in the whole input, numbered

@@ -16,7 +16,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import OPTIONS
+from . import kernel
 from .threads import use_threads
 from .units import chunk_units
 
@@ -54,14 +54,14 @@ def _drive(address, units, chunks, threads, arguments):
     use_threads(before)
 
 
-@njit(parallel=True, **OPTIONS)
+@kernel(parallel=True)
 def maxima_in_parallel(address, units, chunks, threads, arguments):
     """Units [0, units) of the maxima entry point at ``address``, in ``chunks`` runs on
     ``threads`` threads."""
     _drive(address, units, chunks, threads, arguments)
 
 
-@njit(parallel=True, **OPTIONS)
+@kernel(parallel=True)
 def sums_in_parallel(address, units, chunks, threads, arguments):
     """As maxima_in_parallel, for the summing entry points."""
     _drive(address, units, chunks, threads, arguments)

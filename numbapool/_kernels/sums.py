@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from .._plan import AXIS_DILATION, AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
-from . import OPTIONS
+from . import kernel
 from .codec import (accumulator_array, as_accumulator, decode, encode, float64_bits,
                     float64_from_bits)
 from .units import (first_input_row, first_unit, input_row_strides, interior_outputs,
@@ -103,7 +103,7 @@ def store_roots(totals, begin, out, out_begin, count, p, p_kind, y):
         out[out_begin + np.uint64(j)] = encode(lp_root(totals[begin + np.uint64(j)], p, p_kind), y)
 
 
-@njit(**OPTIONS)
+@kernel()
 def store_roots_apart(totals, begin, out, out_begin, count, p, p_kind, y):
     """store_roots as a function of its own, for the generic kernel: inlined into it, the
     roots' loops made its AveragePool loops slower."""
@@ -177,7 +177,7 @@ def _border_row_sum(source, row_start, o, width, axes, zero):
     return total
 
 
-@njit(**OPTIONS)  # not inlined, as max_over_last_axis
+@kernel()  # not inlined, as max_over_last_axis
 def three_tap_row_sums(source, row_start, first, end, step, target, base, zero, axes,
                        interior):
     """``sum_over_last_axis`` for AveragePool's common windows, 3 taps wide along the last
@@ -196,7 +196,7 @@ def three_tap_row_sums(source, row_start, first, end, step, target, base, zero, 
         target[base + np.uint64(o - first)] = _border_row_sum(source, row_start, o, 3, axes, zero)
 
 
-@njit(**OPTIONS)  # not inlined, as max_over_last_axis
+@kernel()  # not inlined, as max_over_last_axis
 def sum_over_last_axis(source, row_start, first, end, step, target, base, zero, axes,
                        tap_outputs, tap_offsets, k_last, p, p_kind):
     """target[base + j] = the sum of the terms of one input row's last-axis taps inside the
@@ -262,7 +262,7 @@ def _three_row_means(rows, row_bases, out, out_begin, first, count, divisor_coun
         out[out_begin + k] = _mean(total, divisor, zero, y)
 
 
-@njit(**OPTIONS)
+@kernel()
 def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_offsets,
                    tap_outputs, lead_rows, divisor_counts, block, slots):
     """AveragePool (p_kind 0) and LpPool (p_kind 1 to 4) over each window's taps inside the

@@ -1,12 +1,11 @@
 """MaxUnpool: scatter each input element to the position its index names."""
 
 import numpy as np
-from numba import njit
 
-from . import OPTIONS
+from . import kernel
 
 
-@njit(**OPTIONS)
+@kernel()
 def max_unpool(x, indices, y, default_spatial, out_strides):
     """``x`` and ``indices`` flat; ``y`` (N*C, prod(output spatial)), zeroed. An index addresses the default
     output (N*C blocks of prod(default_spatial)); its coordinates land at the same place in
