@@ -69,6 +69,8 @@ def main(argv=None) -> int:
     warm = commands.add_parser("warmup", help="compile kernels now, with a progress bar")
     warm.add_argument("--ops", nargs="+", metavar="OP", help="ONNX operator names (default all)")
     warm.add_argument("--dtypes", nargs="+", metavar="DTYPE", help="dtype names (default all)")
+    warm.add_argument("--processes", type=int, metavar="N",
+                      help="worker processes compiling at once (default one per CPU)")
     commands.add_parser("bench", add_help=False,
                         help="side-by-side timing against onnxruntime and torch")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
@@ -83,7 +85,8 @@ def main(argv=None) -> int:
     if args.command == "warmup":
         import numbapool
         try:
-            done = numbapool.warmup(args.ops, args.dtypes, progress=True)
+            done = numbapool.warmup(args.ops, args.dtypes, progress=True,
+                                     processes=args.processes)
         except ValueError as error:
             parser.error(str(error))
         print(f"{len(done)} kernels ready")

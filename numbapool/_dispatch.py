@@ -81,7 +81,6 @@ class Launch(NamedTuple):
     entry: EntryPoint  # the serial entry point: (unit_begin, unit_end, x, y, *arguments)
     arguments: tuple  # its trailing arguments, its kinds last
     indices_arguments: tuple  # MaxPool's: max_pool_units_with_indices's after Indices
-    driver: object  # the parallel driver of the entry point's family
     compiled: dict  # the entry point compiled, per Indices?, as met
 
 
@@ -98,18 +97,16 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
         indices_arguments = (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"],
                              g["tap_outputs"], g["lead_rows"], block, slots)
         entry, arguments = _MAX_POOL, indices_arguments
-        driver = parallel.maxima_in_parallel
     else:  # AveragePool is the p_kind 0 of the summing kernel
         entry = _SUM_POOL
         arguments = (plan.p, _p_kind(plan.op, plan.p), _sum_zero(plan), g["axes"], g["taps"],
                      g["tap_offsets"], g["tap_outputs"], g["lead_rows"], g["divisor_counts"],
                      block, slots)
-        driver = parallel.sums_in_parallel
     special = _specialized(plan)
     if special is not None:
         entry, arguments = special[0], (*special[1], block, *special[0].kinds)
     launch = plan.launches[threads] = Launch(units, chunks, entry, arguments, indices_arguments,
-                                             driver, {})
+                                             {})
     return launch
 
 
@@ -185,7 +182,7 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     # a small call runs on this thread: its split need not depend on the thread count
     threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
     # unpacked, not read by name: this runs on every call
-    units, chunks, entry, arguments, indices_arguments, driver, compiled = _launch(plan, threads)
+    units, chunks, entry, arguments, indices_arguments, compiled = _launch(plan, threads)
     if return_indices:  # only the generic kernel tracks the winning taps
         entry = _MAX_POOL_WITH_INDICES
         arguments = (indices.reshape(rows_in.shape[0], -1), plan.geometry["tap_index_offsets"],
@@ -198,21 +195,21 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
         if guarded is None:
             function(0, units, *arguments)
         else:
-            _drive(driver, address, units, chunks, threads, entry, arguments)
+            _drive(address, units, chunks, threads, entry, arguments)
     finally:
         if guarded:
             _threads.leave_parallel()
     return (y, indices) if return_indices else y
 
 
-def _drive(driver, address, units, chunks, threads, entry, arguments) -> None:
-    """The parallel ``driver`` over the entry point at ``address``. The entry point's inputs
+def _drive(address, units, chunks, threads, entry, arguments) -> None:
+    """The parallel driver over the entry point at ``address``. The entry point's inputs
     are compiled read-only (entry.py), and the driver passes them on as it types them: they
     go read-only. They are views of numbapool's own (reshaped), so the caller's arrays
     keep their flags."""
     for array in arguments[:entry.inputs]:
         array.flags.writeable = False
-    driver(address, units, chunks, threads, arguments)
+    parallel.run_in_parallel(address, units, chunks, threads, arguments)
 
 
 def _specialized(plan: WindowPlan):
@@ -255,8 +252,8 @@ def _specialized(plan: WindowPlan):
 def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
     """What a valid global pooling call with these arguments needs besides its arrays:
     (out_shape, dtype, rows, serial entry point, its trailing arguments, the storage dtype
-    of 16-bit floats or None, the dtype of the bits GlobalMaxPool compares or None, the
-    parallel driver, [the entry point compiled, once met]). Validates, and keeps the
+    of 16-bit floats or None, the dtype of the bits GlobalMaxPool compares or None,
+    [the entry point compiled, once met]). Validates, and keeps the
     answer for the next call."""
     plan = global_plan(op, shape, dtype)
     storage = _STORAGE.get(plan.dtype)
@@ -264,11 +261,10 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
         bits = _SIGNED_BITS[plan.dtype.itemsize]
         kernels = (_GLOBAL_MAX,
                    (bits.type(np.iinfo(bits).max), bits.type(_INF_BITS[plan.dtype]),
-                    bits.type(8 * bits.itemsize - 1)), storage, bits, parallel.maxima_in_parallel)
+                    bits.type(8 * bits.itemsize - 1)), storage, bits)
     else:
         p_kind = _p_kind(op, p)
-        kernels = (global_.global_sum_entry(p_kind), (float(p), p_kind), storage, None,
-                   parallel.sums_in_parallel)
+        kernels = (global_.global_sum_entry(p_kind), (float(p), p_kind), storage, None)
     if len(_GLOBAL_CALLS) >= _MAX_GLOBAL_CALLS:  # shapes that never repeat: stay bounded
         _GLOBAL_CALLS.clear()
     call = _GLOBAL_CALLS[op, shape, dtype, p] = (plan.out_shape, plan.dtype, plan.rows, *kernels,
@@ -285,7 +281,7 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)
     call = _GLOBAL_CALLS.get((op, x.shape, x.dtype, p)) or _global_call(op, x.shape, x.dtype, p)
-    out_shape, dtype, rows, entry, constants, storage, bits, driver, compiled = call
+    out_shape, dtype, rows, entry, constants, storage, bits, compiled = call
     y = np.empty(out_shape, dtype)
     if not rows[0]:
         return y
@@ -308,8 +304,7 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
         if guarded is None:
             function(0, rows[0], *arguments)
         else:
-            _drive(driver, address, rows[0], min(rows[0], global_.CHUNKS), threads, entry,
-                   arguments)
+            _drive(address, rows[0], min(rows[0], global_.CHUNKS), threads, entry, arguments)
     finally:
         if guarded:
             _threads.leave_parallel()

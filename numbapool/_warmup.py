@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import multiprocessing
+import os
 
 import numpy as np
 
@@ -56,19 +59,25 @@ def _windows():
             yield [3] * (rank - 1) + [width], [1] * (rank - 1) + [step], None, (2,)
 
 
-def _exercise(op: str, dtype: np.dtype) -> None:
+WINDOWED = ("MaxPool", "AveragePool", "LpPool")
+
+
+def _exercise(op: str, dtype: np.dtype, window: int | None = None) -> None:
     """Call ``op`` on a small input and on one big enough for the parallel kernel (more
     than 2**15 output-taps), which compiles both entry points of each kernel it reaches;
     the global pools also on one thread (their serial entry point), GlobalLpPool for each
     kind of p, and, for the sums, the kernels that numbapool.dask continues and finishes
-    them with."""
+    them with. A windowed ``op`` with every window of ``_windows()``, or its ``window``-th
+    alone."""
     import numbapool
 
     from . import _dispatch
 
     for side in (4, 128):
-        if op in ("MaxPool", "AveragePool", "LpPool"):
-            for kernel, strides, pads, lp_ps in _windows():
+        if op in WINDOWED:
+            for number, (kernel, strides, pads, lp_ps) in enumerate(_windows()):
+                if window is not None and number != window:
+                    continue
                 # one axis: as many elements as a plane, to reach the parallel driver too;
                 # three: 32 a side is past its threshold already, and 128 a side (8 million
                 # elements) made a warm warmup of every dtype take four times as long
@@ -103,7 +112,62 @@ def _exercise(op: str, dtype: np.dtype) -> None:
             _dispatch.finish_global_sums(op, totals, side * side, dtype, (1, 4, 1, 1))
 
 
-def warmup(ops=None, dtypes=None, *, progress: bool | None = None) -> list[tuple[str, str]]:
+def _tasks(pairs: list) -> list:
+    """(op, dtype name, window) for each pair: a windowed operator's windows one by one,
+    so that workers share out one operator's kernels too."""
+    windows = range(len(list(_windows())))
+    return [(op, name, window) for op, name in pairs
+            for window in (windows if op in WINDOWED else [None])]
+
+
+def _exercise_task(op: str, name: str, window: int | None) -> None:
+    """_exercise by dtype name, for a worker process."""
+    _exercise(op, DTYPE_NAMES[name], window)
+
+
+def _worker_count(processes, tasks: int) -> int:
+    if processes is None:
+        try:
+            processes = len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            processes = os.cpu_count() or 1
+    elif (isinstance(processes, bool) or not isinstance(processes, (int, np.integer))
+          or processes < 1):
+        raise ValueError(f"warmup: processes must be a positive integer, not {processes!r}")
+    from . import _cache
+
+    if _cache.CACHE_DIRECTORY is None:  # no disk cache to hand the kernels over in
+        return 1
+    return min(processes, tasks)
+
+
+def _compiled_here(task: tuple, bar) -> bool:
+    """Run ``task`` in this process; whether a kernel compiled for it (not loaded)."""
+    from numba.core import event
+
+    bar.set_postfix_str("%s %s" % task[:2])
+    with event.install_recorder("numba:compile") as compiles:
+        _exercise_task(*task)
+    bar.update()
+    return any(compile.data["dispatcher"].py_func.__module__.startswith(__package__)
+               for _, compile in compiles.buffer)
+
+
+def _compile_in_workers(tasks: list, workers: int, bar) -> None:
+    """_exercise_task each task in one of ``workers`` processes, which compile into the
+    disk cache (their saves take turns: _cache.locked_cache)."""
+    # spawned, not forked: a fork of a process that ran numba's threads may hang
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        running = {pool.submit(_exercise_task, *task): task for task in tasks}
+        for done in concurrent.futures.as_completed(running):
+            done.result()
+            bar.set_postfix_str("%s %s" % running[done][:2])
+            bar.update()
+
+
+def warmup(ops=None, dtypes=None, *, progress: bool | None = None,
+           processes: int | None = None) -> list[tuple[str, str]]:
     """Compile the kernels of ``ops`` x ``dtypes`` now, or load them from the disk cache.
 
     Worth it in an image or a CI job before timing anything, or at the top of a notebook:
@@ -119,6 +183,11 @@ def warmup(ops=None, dtypes=None, *, progress: bool | None = None) -> list[tuple
         skipped for that operator.
     progress : bool, optional
         Show a progress bar (tqdm); by default only when stderr is a terminal.
+    processes : int, optional
+        How many worker processes compile at once, each (operator, dtype) in one of them,
+        into the disk cache, from which this process then loads them all (seconds); by
+        default one per CPU this process may run on. 1 compiles in this process alone, as
+        does any count when there is no disk cache.
 
     Returns
     -------
@@ -137,9 +206,18 @@ def warmup(ops=None, dtypes=None, *, progress: bool | None = None) -> list[tuple
     chosen_dtypes = _choose("dtype", dtypes, DTYPE_NAMES)
     pairs = [(op, name) for op in chosen_ops for name in chosen_dtypes
              if DTYPE_NAMES[name] in OPERATOR_DTYPES[op]]
-    bar = tqdm(pairs, desc="numbapool warmup", unit="kernel",
+    tasks = _tasks(pairs)
+    workers = _worker_count(processes, len(tasks))
+    bar = tqdm(total=len(tasks), desc="numbapool warmup", unit="task",
                disable=None if progress is None else not progress)
-    for op, name in bar:
-        bar.set_postfix_str(f"{op} {name}")
-        _exercise(op, DTYPE_NAMES[name])
+    with bar:
+        # The first task here: if no kernel compiled for it, the cache is warm, and workers
+        # would only add their own start (a second or more each).
+        if tasks and _compiled_here(tasks[0], bar) and workers > 1:
+            _compile_in_workers(tasks[1:], workers, bar)
+            for task in tasks[1:]:  # loads what the workers compiled, in seconds
+                _exercise_task(*task)
+        else:
+            for task in tasks[1:]:
+                _compiled_here(task, bar)
     return pairs

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -52,12 +53,16 @@ def test_warmup_command_names_a_bad_operator():
 def test_warmup_skips_dtypes_an_operator_does_not_allow(monkeypatch):
     # what warmup chooses to exercise, not the compiling itself (other tests do that)
     exercised = []
-    monkeypatch.setattr(_warmup, "_exercise", lambda op, dtype: exercised.append((op, dtype)))
-    done = numbapool.warmup(["AveragePool", "MaxPool"], ["uint8"], progress=False)
+    monkeypatch.setattr(_warmup, "_exercise",
+                        lambda op, dtype, window=None: exercised.append((op, dtype)))
+    done = numbapool.warmup(["AveragePool", "MaxPool"], ["uint8"], progress=False, processes=1)
     assert done == [("MaxPool", "uint8")]
-    assert exercised == [("MaxPool", np.dtype(np.uint8))]
+    assert set(exercised) == {("MaxPool", np.dtype(np.uint8))}
     with pytest.raises(ValueError, match="'float128'"):
         numbapool.warmup(["MaxPool"], ["float128"])
+    for processes in (0, -2, 1.5, "2", True):
+        with pytest.raises(ValueError, match=re.escape(f"not {processes!r}")):
+            numbapool.warmup(["MaxPool"], ["float32"], processes=processes)
 
 
 def test_unwritable_cache_directory_warns_once_and_still_works(tmp_path):
@@ -115,7 +120,7 @@ def test_warmup_reaches_every_windowed_kernel():
               "numbapool.warmup(['MaxPool', 'AveragePool'], ['float32'], progress=False)\n"
               "from numbapool._kernels import parallel\n"
               "kernels = [maxima.max_pool_units, sums.sum_pool_units,\n"
-              "           parallel.maxima_in_parallel, parallel.sums_in_parallel]\n"
+              "           parallel.run_in_parallel]\n"
               "missing = sorted(k.py_func.__name__ for k in kernels if not k.signatures)\n"
               "# a kernel specialized per kind: a signature ending with each kind's literals\n"
               "from numbapool._kernels.entry import EntryPoint\n"

@@ -48,7 +48,7 @@ groups = sys.argv[1:]
 ops = {"maxima": ["MaxPool", "MaxUnpool", "GlobalMaxPool"],
        "sums": ["AveragePool", "LpPool", "GlobalAveragePool", "GlobalLpPool"]}
 numbapool.warmup([op for group in groups for op in ops[group]], dtypes=["float32"],
-                 progress=False)
+                 progress=False, processes=1)
 for name, dtype in _warmup.DTYPE_NAMES.items():
     floating = dtype.kind == "f" or name == "bfloat16"
     for side in (4, 128):
@@ -63,10 +63,11 @@ print(json.dumps(compiled))
 """
 
 
-def _cache_files() -> dict:
-    """Every file in the cache directory: its size and modification time."""
+def _cache_files(cache=None) -> dict:
+    """Every file in the cache directory (the suite's by default): its size and
+    modification time."""
     files = {}
-    for directory, _, names in os.walk(os.environ["NUMBA_CACHE_DIR"]):
+    for directory, _, names in os.walk(cache or os.environ["NUMBA_CACHE_DIR"]):
         for name in names:
             status = os.stat(os.path.join(directory, name))
             files[os.path.join(directory, name)] = (status.st_size, status.st_mtime_ns)
@@ -87,15 +88,13 @@ def _compiled(process: subprocess.Popen) -> list:
 def test_a_second_process_compiles_nothing():
     assert _cache.CACHE_DIRECTORY.startswith(os.environ["NUMBA_CACHE_DIR"])
     assert not _cache_files(), "the first processes must meet an empty cache"
-    # Two first processes at once, one per kernel family (one per core here): numba's
-    # index of a function's cache entries is rewritten whole by the process adding one, so
-    # two processes may not add entries to one function at once. Their families share no
-    # compiled function.
+    # Two first processes at once, one per kernel family (one per core here); both save
+    # entries of the parallel driver, in turns (_cache.locked_cache)
     maxima, sums = ({name for name, writes in _compiled(process) if writes}
                     for process in [_start("maxima"), _start("sums")])
-    assert not maxima & sums
-    # the parallel drivers and the kernels they call are among what they compiled
-    assert {"maxima_in_parallel", "sums_in_parallel", "max_pool_units",
+    assert maxima & sums == {"run_in_parallel"}
+    # the parallel driver and the kernels it calls are among what they compiled
+    assert {"run_in_parallel", "max_pool_units",
             "max_pool_units_with_indices", "sum_pool_units",
             "global_max_units", "global_sum_units", "max_unpool", "column_units",
             "fixed_max_units", "fixed_sum_units"} <= maxima | sums
@@ -104,3 +103,47 @@ def test_a_second_process_compiles_nothing():
     # a process making every call of both compiles nothing and writes nothing
     assert _compiled(_start("maxima", "sums")) == []
     assert _cache_files() == filled
+
+
+_WARMUP = """
+import json, sys
+from numba.core import event
+
+compiled = []
+
+
+class Record(event.Listener):
+    def on_start(self, compilation):
+        dispatcher = compilation.data["dispatcher"]
+        if type(dispatcher._cache).__name__ != "NullCache":  # a kernel, not numba's own
+            compiled.append(dispatcher.py_func.__qualname__)
+
+    def on_end(self, compilation):
+        pass
+
+
+event.register("numba:compile", Record())
+import numbapool
+numbapool.warmup(["GlobalAveragePool", "GlobalLpPool"], ["float32", "float64"],
+                 progress=False, processes=int(sys.argv[1]))
+print(json.dumps(compiled))
+"""
+
+
+def test_warmup_workers_leave_a_complete_cache(tmp_path):
+    # The calling process runs the first task (and compiles it: the cache is empty), two
+    # workers the others at once, saving entries of the same kernels (the summing kernel
+    # per dtype and kind of p, the parallel driver); the calling process then loads them.
+    # A later process compiles nothing and writes nothing.
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+
+    def warmup(processes):
+        result = subprocess.run([sys.executable, "-c", _WARMUP, str(processes)], env=env,
+                                capture_output=True, text=True, timeout=1800)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout.splitlines()[-1])
+
+    assert "global_sum_units" in warmup(2)
+    filled = _cache_files(str(tmp_path))
+    assert warmup(1) == []
+    assert _cache_files(str(tmp_path)) == filled

@@ -1,18 +1,14 @@
-"""The parallel drivers: a prange over runs of work units, each run handed to a family's
-serial entry point (entry.py) through the address of its machine code.
+"""The parallel driver: a prange over runs of work units, each run handed to a serial
+entry point (entry.py) through the address of its machine code.
 
-Called by name, numba would link the entry point's code into each driver and optimize and
+Called by name, numba would link the entry point's code into the driver and optimize and
 compile it a second time. Called through its address (an argument, so the driver's code
-holds no constant that differs between processes, and loads from the disk cache), a driver
-compiles in well under a second whatever kernel it runs, and the kernel's loops compile
-once.
-
-The maxima (MaxPool, GlobalMaxPool) and the sums have a driver each, of one body: numba
-rewrites a function's whole index of cache entries when a process adds one, so processes
-compiling the two families at once share no cached function (tests/test_first_call.py).
+holds no constant that differs between processes, and loads from the disk cache), the
+driver compiles in well under a second per argument types, whatever kernel it runs, and
+the kernel's loops compile once.
 """
 
-from numba import njit, prange, types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -45,23 +41,12 @@ def _call_units(typingctx, address, unit_begin, unit_end, arguments):
     return types.none(address, unit_begin, unit_end, arguments), codegen
 
 
-@njit(inline="always")
-def _drive(address, units, chunks, threads, arguments):
+@kernel(parallel=True)
+def run_in_parallel(address, units, chunks, threads, arguments):
+    """Units [0, units) of the serial entry point at ``address`` (compiled for (int64,
+    int64, *the types of ``arguments``)), in ``chunks`` runs on ``threads`` threads."""
     before = use_threads(threads)
     for chunk in prange(chunks):
         unit_begin, unit_end = chunk_units(chunk, chunks, units)
         _call_units(address, unit_begin, unit_end, arguments)
     use_threads(before)
-
-
-@kernel(parallel=True)
-def maxima_in_parallel(address, units, chunks, threads, arguments):
-    """Units [0, units) of the maxima entry point at ``address``, in ``chunks`` runs on
-    ``threads`` threads."""
-    _drive(address, units, chunks, threads, arguments)
-
-
-@kernel(parallel=True)
-def sums_in_parallel(address, units, chunks, threads, arguments):
-    """As maxima_in_parallel, for the summing entry points."""
-    _drive(address, units, chunks, threads, arguments)
