@@ -81,7 +81,6 @@ def cache_contents() -> dict[str, dict]:
     return dict(sorted(contents.items()))
 
 
-
 @contextlib.contextmanager
 def _exclusive(path: str):
     """Hold an exclusive advisory lock on the file at ``path`` (created if missing)."""
@@ -89,7 +88,10 @@ def _exclusive(path: str):
         yield
         return
     with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks (some network ones): as numba does
+            pass
         yield  # closing the file releases the lock
 
 

@@ -1,6 +1,7 @@
 """Threads, thread counts, forked children and processes sharing one cache directory."""
 
 import concurrent.futures
+import errno
 import multiprocessing
 import os
 import subprocess
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 import numbapool
+from numbapool import _cache
 from numbapool._kernels.threads import use_threads
 from reference import pool
 
@@ -233,3 +235,14 @@ def test_processes_saving_to_one_kernel_at_once_lose_no_entry(tmp_path):
         assert saver.returncode == 0, stderr
     out, stderr = run(-processes, 0).communicate(timeout=600)
     assert out.strip() == "0", stderr
+
+
+def test_a_file_system_without_locks_still_saves(tmp_path, monkeypatch):
+    # some network file systems refuse locks: the save goes on unlocked, as numba's does
+    def refuse(*args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(_cache.fcntl, "flock", refuse)
+    index = _cache._LockedIndex(str(tmp_path), "kernel-1.py311", ("a source stamp",))
+    index.save(("a key",), ("its data",))
+    assert index.load(("a key",)) == ("its data",)
