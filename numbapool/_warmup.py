@@ -211,13 +211,14 @@ def warmup(ops=None, dtypes=None, *, progress: bool | None = None,
     bar = tqdm(total=len(tasks), desc="numbapool warmup", unit="task",
                disable=None if progress is None else not progress)
     with bar:
-        # The first task here: if no kernel compiled for it, the cache is warm, and workers
+        # The last task here first (the cheapest: MaxUnpool, the global pools and the last
+        # windows come last): if no kernel compiled for it, the cache is warm, and workers
         # would only add their own start (a second or more each).
-        if tasks and _compiled_here(tasks[0], bar) and workers > 1:
-            _compile_in_workers(tasks[1:], workers, bar)
-            for task in tasks[1:]:  # loads what the workers compiled, in seconds
+        if tasks and _compiled_here(tasks[-1], bar) and workers > 1:
+            _compile_in_workers(tasks[:-1], workers, bar)
+            for task in tasks[:-1]:  # loads what the workers compiled, in seconds
                 _exercise_task(*task)
         else:
-            for task in tasks[1:]:
+            for task in tasks[:-1]:
                 _compiled_here(task, bar)
     return pairs
