@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     warm.add_argument("--ops", nargs="+", metavar="OP", help="ONNX operator names (default all)")
     warm.add_argument("--dtypes", nargs="+", metavar="DTYPE", help="dtype names (default all)")
     warm.add_argument("--processes", type=int, metavar="N",
-                      help="worker processes compiling at once (default one per CPU)")
+                      help="worker processes compiling at once (default one per CPU, at most 8)")
     commands.add_parser("bench", add_help=False,
                         help="side-by-side timing against onnxruntime and torch")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)

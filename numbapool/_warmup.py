@@ -125,12 +125,17 @@ def _exercise_task(op: str, name: str, window: int | None) -> None:
     _exercise(op, DTYPE_NAMES[name], window)
 
 
+# Default workers at most: each holds numba and LLVM, about 350 MB compiling MaxPool
+MAX_DEFAULT_WORKERS = 8
+
+
 def _worker_count(processes, tasks: int) -> int:
     if processes is None:
         try:
             processes = len(os.sched_getaffinity(0))
         except AttributeError:  # not on Linux
             processes = os.cpu_count() or 1
+        processes = min(processes, MAX_DEFAULT_WORKERS)
     elif (isinstance(processes, bool) or not isinstance(processes, (int, np.integer))
           or processes < 1):
         raise ValueError(f"warmup: processes must be a positive integer, not {processes!r}")
@@ -184,9 +189,10 @@ def warmup(ops=None, dtypes=None, *, progress: bool | None = None,
     progress : bool, optional
         Show a progress bar (tqdm); by default only when stderr is a terminal.
     processes : int, optional
-        How many worker processes compile at once, each (operator, dtype) in one of them,
-        into the disk cache, from which this process then loads them all (seconds); by
-        default one per CPU this process may run on. 1 compiles in this process alone, as
+        How many worker processes compile at once on an empty cache, sharing out the
+        operators, dtypes and windows, into the disk cache, from which this process then
+        loads them all (seconds); by default one per CPU this process may run on, at most
+        8 (each takes about 350 MB). 1 compiles in this process alone, as
         does any count when there is no disk cache.
 
     Returns

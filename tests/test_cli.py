@@ -138,3 +138,11 @@ def test_warmup_reaches_every_windowed_kernel():
                             timeout=600)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_warmup_workers_default_to_the_cpus_at_most_eight(monkeypatch):
+    # each worker holds numba and LLVM (hundreds of MB): a 64-core machine gets 8
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert _warmup._worker_count(None, 1000) == 8
+    assert _warmup._worker_count(None, 3) == 3  # no more workers than tasks
+    assert _warmup._worker_count(12, 1000) == 12  # asked for
