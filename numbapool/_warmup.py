@@ -121,7 +121,7 @@ def _tasks(pairs: list) -> list:
 
 
 def _exercise_task(op: str, name: str, window: int | None) -> None:
-    """_exercise by dtype name, for a worker process."""
+    """_exercise of a task, its dtype by name (picklable, for a worker process)."""
     _exercise(op, DTYPE_NAMES[name], window)
 
 
@@ -154,8 +154,8 @@ def _compiled_here(task: tuple, bar) -> bool:
     with event.install_recorder("numba:compile") as compiles:
         _exercise_task(*task)
     bar.update()
-    return any(compile.data["dispatcher"].py_func.__module__.startswith(__package__)
-               for _, compile in compiles.buffer)
+    return any(event_.data["dispatcher"].py_func.__module__.startswith(__package__)
+               for _, event_ in compiles.buffer)
 
 
 def _compile_in_workers(tasks: list, workers: int, bar) -> None:
@@ -192,8 +192,8 @@ def warmup(ops=None, dtypes=None, *, progress: bool | None = None,
         How many worker processes compile at once on an empty cache, sharing out the
         operators, dtypes and windows, into the disk cache, from which this process then
         loads them all (seconds); by default one per CPU this process may run on, at most
-        8 (each takes about 350 MB). 1 compiles in this process alone, as
-        does any count when there is no disk cache.
+        8 (each takes about 350 MB). 1 compiles in this process alone, as does any count
+        when there is no disk cache.
 
     Returns
     -------
