@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from . import _plan
+from . import _cache, _plan
 
 # Each operator with the dtypes ONNX allows it.
 OPERATOR_DTYPES = {
@@ -139,8 +139,6 @@ def _worker_count(processes, tasks: int) -> int:
     elif (isinstance(processes, bool) or not isinstance(processes, (int, np.integer))
           or processes < 1):
         raise ValueError(f"warmup: processes must be a positive integer, not {processes!r}")
-    from . import _cache
-
     if _cache.CACHE_DIRECTORY is None:  # no disk cache to hand the kernels over in
         return 1
     return min(processes, tasks)
