@@ -36,7 +36,7 @@ _INF_BITS = {np.dtype(np.float16): 0x7C00, BFLOAT16: 0x7F80, np.dtype(np.float32
 # The rank-generic kernels' entry points (the specialized ones: _specialized)
 _MAX_POOL = EntryPoint(maxima.max_pool_units)
 _MAX_POOL_WITH_INDICES = EntryPoint(maxima.max_pool_units_with_indices)
-_SUM_POOL = EntryPoint(sums.sum_pool_units)
+_SUM_POOLS = tuple(EntryPoint(sums.sum_pool_units, (p_kind,)) for p_kind in range(5))
 _GLOBAL_MAX = EntryPoint(global_.global_max_units, inputs=2)  # x and its bits
 
 # Global pooling calls seen, keyed by (op, shape, dtype, p): see _global_call
@@ -98,10 +98,10 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
                              g["tap_outputs"], g["lead_rows"], block, slots)
         entry, arguments = _MAX_POOL, indices_arguments
     else:  # AveragePool is the p_kind 0 of the summing kernel
-        entry = _SUM_POOL
-        arguments = (plan.p, _p_kind(plan.op, plan.p), _sum_zero(plan), g["axes"], g["taps"],
-                     g["tap_offsets"], g["tap_outputs"], g["lead_rows"], g["divisor_counts"],
-                     block, slots)
+        entry = _SUM_POOLS[_p_kind(plan.op, plan.p)]
+        arguments = (plan.p, _sum_zero(plan), g["axes"], g["taps"], g["tap_offsets"],
+                     g["tap_outputs"], g["lead_rows"], g["divisor_counts"], block, slots,
+                     *entry.kinds)
     special = _specialized(plan)
     if special is not None:
         entry, arguments = special[0], (*special[1], block, *special[0].kinds)
@@ -242,9 +242,8 @@ def _specialized(plan: WindowPlan):
         # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
         check_ties = plan.dtype.kind not in "iu"
         kind = columns.column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1])
-        special = (EntryPoint(columns.column_units, (*kind, rank >= 3)),
-                   (lowest_value(plan.dtype), check_ties, g["axes"], g["taps"],
-                    g["tap_offsets"]))
+        special = (EntryPoint(columns.column_units, (*kind, rank >= 3, check_ties)),
+                   (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]))
     plan.launches["special"] = special
     return special
 

@@ -5,13 +5,15 @@ global_, unpool; codec (16-bit float elements), threads, prefetch."""
 from numba import njit
 
 from .._cache import CACHE_DIRECTORY, locked_cache
+from .literal_kinds import LiteralKindsCompiler
 
 
 def kernel(**options):
-    """``numba.njit(**options)`` for a kernel: free of the GIL while it runs, and cached on
-    disk where numba can, with saves that take turns across processes (_cache.locked_cache)."""
+    """``numba.njit(**options)`` for a kernel: free of the GIL while it runs, compiling only
+    the branches its literal kinds take (literal_kinds.py), and cached on disk where numba
+    can, with saves that take turns across processes (_cache.locked_cache)."""
     def decorate(function):
-        dispatcher = njit(nogil=True, **options)(function)
+        dispatcher = njit(nogil=True, pipeline_class=LiteralKindsCompiler, **options)(function)
         if CACHE_DIRECTORY is not None:
             dispatcher._cache = locked_cache(function)
         return dispatcher

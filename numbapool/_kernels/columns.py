@@ -103,8 +103,8 @@ def column_kind(width, step, dilation):
 # The kind of window arrives as literal arguments (entry.py), so that each kind compiles
 # loops of its own with them constant.
 @kernel()
-def column_units(unit_begin, unit_end, x, y, lowest, check_ties, axes, taps, tap_offsets, block,
-                 window_width, window_step, outer_axes):
+def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block,
+                 window_width, window_step, outer_axes, check_ties):
     """MaxPool without Indices, input rows first: the window's input rows are folded
     element by element into one row of column maxima (contiguous loads, which vectorize),
     then the last-axis taps are taken once per output row from that row.

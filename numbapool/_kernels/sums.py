@@ -262,9 +262,11 @@ def _three_row_means(rows, row_bases, out, out_begin, first, count, divisor_coun
         out[out_begin + k] = _mean(total, divisor, zero, y)
 
 
+# The kind of p arrives as a literal argument (entry.py): each kind compiles its own
+# branches only (literal_kinds.py), AveragePool none of LpPool's roots and the reverse.
 @kernel()
-def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_offsets,
-                   tap_outputs, lead_rows, divisor_counts, block, slots):
+def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets, tap_outputs,
+                   lead_rows, divisor_counts, block, slots, p_kind):
     """AveragePool (p_kind 0) and LpPool (p_kind 1 to 4) over each window's taps inside the
     input, accumulated in the type of ``zero`` (float32 or float64). AveragePool divides by
     the product over axes of ``divisor_counts``; a divisor of 0 (a window with no tap
@@ -282,7 +284,9 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_
     k_last = taps[taps.shape[0] - 1, last] + 1
     lead_count = taps.shape[0] // k_last
     interior = interior_outputs(axes, 3)
-    three_taps = p_kind == 0 and k_last == 3 and step <= 2 and axes[AXIS_DILATION, last] == 1
+    # AveragePool's rows 3 taps wide take three_tap_row_sums (the kind is tested on its own
+    # in the branch, so that LpPool's compile leaves the call out: literal_kinds.py)
+    three_taps = k_last == 3 and step <= 2 and axes[AXIS_DILATION, last] == 1
     p_acc = as_accumulator(p, zero)
     # AveragePool windows of three input rows add them in _three_row_means, once all three
     # are cached: only when the rows cannot share a slot (they span fewer rows than slots)
@@ -321,7 +325,7 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, p_kind, zero, axes, taps, tap_
                 base = np.uint64(slot * block)
                 row_bases[inside_rows] = slot * block
                 inside_rows += 1
-                if missing and three_taps:
+                if missing and p_kind == 0 and three_taps:
                     three_tap_row_sums(source, row_offset + tap_offsets[tap], first, end, step,
                                        rows, base, zero, axes, interior)
                 elif missing:

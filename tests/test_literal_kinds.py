@@ -1,0 +1,110 @@
+"""Kernels compile only the branches their literal kinds take (_kernels/literal_kinds.py):
+what a kind never runs is never typed nor compiled, and what it runs gives the same
+results (the differential tests check every kind's values against the reference)."""
+
+import json
+import os
+import subprocess
+import sys
+
+from numba import njit, types
+from numba.core.compiler import Compiler
+
+from numbapool._kernels.literal_kinds import LiteralKindsCompiler
+
+
+def _by_kind(pipeline_class):
+    """(a function of (x, kind) compiled with this pipeline, the callee of kind 0's branch,
+    the callee of the others')."""
+    @njit
+    def plus_one(x):
+        return x + 1
+
+    @njit
+    def twice(x):
+        return x * 2
+
+    @njit(inline="always")  # the branch inside an inlined function, as in the kernels
+    def by_kind(x, kind):
+        if kind == 0:
+            return plus_one(x)
+        return twice(x)
+
+    @njit(pipeline_class=pipeline_class)
+    def outer(x, kind, flag):
+        if flag:
+            x = x - 1
+        return by_kind(x, kind)
+
+    return outer, plus_one, twice
+
+
+def _compiled_for(function, *argument_types):
+    function.compile(argument_types)
+    return function.overloads[argument_types].entry_point
+
+
+def test_a_branch_a_literal_kind_never_takes_is_never_compiled():
+    outer, plus_one, twice = _by_kind(LiteralKindsCompiler)
+    kind_zero = _compiled_for(outer, types.int64, types.literal(0), types.literal(False))
+    assert (len(plus_one.overloads), len(twice.overloads)) == (1, 0)
+    assert kind_zero(5, 0, False) == 6
+    kind_one = _compiled_for(outer, types.int64, types.literal(1), types.literal(True))
+    assert (len(plus_one.overloads), len(twice.overloads)) == (1, 1)
+    assert kind_one(5, 1, True) == 8
+
+
+def test_numba_alone_compiles_every_branch():
+    # what the pipeline changes: numba's own compiles the branch the kind never takes
+    outer, plus_one, twice = _by_kind(Compiler)
+    _compiled_for(outer, types.int64, types.literal(0), types.literal(False))
+    assert (len(plus_one.overloads), len(twice.overloads)) == (1, 1)
+
+
+def test_non_literal_arguments_keep_every_branch():
+    outer, plus_one, twice = _by_kind(LiteralKindsCompiler)
+    run = _compiled_for(outer, types.int64, types.int64, types.boolean)
+    assert (len(plus_one.overloads), len(twice.overloads)) == (1, 1)
+    assert (run(5, 0, False), run(5, 1, False), run(5, 0, True)) == (6, 10, 5)
+
+
+_COMPILES_PER_OPERATOR = """
+import collections, json
+import numpy as np
+from numba.core import event
+import numbapool
+
+compiled = collections.Counter()
+
+
+class Record(event.Listener):
+    def on_start(self, compilation):
+        compiled[compilation.data["dispatcher"].py_func.__qualname__] += 1
+
+    def on_end(self, compilation):
+        pass
+
+
+event.register("numba:compile", Record())
+x = np.ones((1, 2, 8, 8), np.float32)
+numbapool.average_pool(x, [3, 3], pads=[1, 1, 1, 1])
+average = dict(compiled)
+compiled.clear()
+numbapool.lp_pool(x, [3, 3], p=3)
+print(json.dumps([average, dict(compiled)]))
+"""
+
+
+def test_the_summing_kernel_compiles_one_kind_of_p(tmp_path):
+    # In a fresh process on an empty cache: AveragePool's first call compiles none of
+    # LpPool's roots, and LpPool's none of AveragePool's three-tap rows; each compiles the
+    # loop of its own term only (_kind_run, one per kind of p)
+    process = subprocess.run([sys.executable, "-c", _COMPILES_PER_OPERATOR],
+                             capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)})
+    assert process.returncode == 0, process.stderr
+    average, lp = json.loads(process.stdout.splitlines()[-1])
+    assert average["sum_pool_units"] == 1 and average["three_tap_row_sums"] == 1
+    assert average["_kind_run"] == 1 and "store_roots_apart" not in average
+    assert lp["sum_pool_units"] == 1 and lp["store_roots_apart"] == 1
+    assert lp["_kind_run"] == 1 and "three_tap_row_sums" not in lp
