@@ -230,10 +230,17 @@ def measure(case: Case, threads: int, rounds: int, bandwidth: float) -> dict:
     for r in range(rounds):
         for name in order[r % len(order):] + order[:r % len(order)]:  # rotate who goes first
             times[name].append(_timed_block(engines[name]))
-    row = {"case": case.name, "bytes": bytes_moved}
+    return summarize(case.name, times, bytes_moved, bandwidth)
+
+
+def summarize(case_name: str, times: dict, bytes_moved: int, bandwidth: float) -> dict:
+    """A table row from per-round times in seconds (``times["numbapool"]`` and one list per
+    peer, round i of each measured side by side): medians in ms, and numbapool's ratio to
+    each peer as the median of the per-round ratios, so that a noisy round slows both."""
+    row = {"case": case_name, "bytes": bytes_moved}
     for name, samples in times.items():
         row[f"{name} ms"] = 1e3 * statistics.median(samples)
-    peers = [name for name in engines if name != "numbapool"]
+    peers = [name for name in times if name != "numbapool"]
     ratios = {name: statistics.median(a / b for a, b in zip(times["numbapool"], times[name]))
               for name in peers}
     # the best peer is the fastest one: the largest numbapool / peer ratio

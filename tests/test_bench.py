@@ -26,11 +26,21 @@ def test_bench_command_prints_the_table():
         numbapool_ms = float(row["numbapool ms"])
         peer_ms = {name: float(row[f"{name} ms"]) for name in peers if row[f"{name} ms"] != "n/a"}
         assert numbapool_ms > 0 and peer_ms["onnxruntime"] > 0  # onnxruntime is a test dep
-        best = row["best peer"]
-        assert peer_ms[best] == pytest.approx(min(peer_ms.values()), rel=0.5)
-        # a median of per-round ratios, not the ratio of the medians: close, not equal
-        assert float(row["numbapool / best peer"]) == pytest.approx(
-            numbapool_ms / peer_ms[best], rel=0.5)
+        # the ratios come from the same rounds as the times (test_a_row_s_figures): here only
+        # their form, as a few rounds of a noisy machine can put them anywhere
+        assert row["best peer"] in peer_ms and float(row["numbapool / best peer"]) > 0
+
+
+def test_a_row_s_figures():
+    times = {"numbapool": [1.0, 2.0, 3.0, 10.0, 1.0],
+             "slow": [4.0, 4.0, 4.0, 4.0, 4.0],
+             "fast": [0.5, 4.0, 1.0, 5.0, 2.0]}
+    row = _bench.summarize("case", times, bytes_moved=4_000, bandwidth=2_000.0)
+    assert row["numbapool ms"] == 2000.0 and row["fast ms"] == 2000.0 and row["slow ms"] == 4000.0
+    # per-round ratios to "fast": 2, 0.5, 3, 2, 0.5 -> median 2, where the medians' ratio is 1
+    assert row["best peer"] == "fast" and row["vs best peer"] == 2.0
+    assert row["vs roofline"] == 1.0  # 2 s against 4000 bytes at 2000 bytes/s
+    assert _bench.summarize("alone", {"numbapool": [1.0]}, 1, 1.0)["best peer"] is None
 
 
 def test_bench_rejects_an_unknown_case():
