@@ -18,6 +18,7 @@ import warnings
 
 import numba
 from numba.core import caching
+from numba.core.runtime import rtsys
 
 try:
     import fcntl
@@ -112,6 +113,27 @@ class _LockedIndex(caching.IndexDataCacheFile):
                 self._save_index(entries)
 
 
+class _KernelCache(caching.FunctionCache):
+    """numba's disk cache of one kernel: saves take turns across processes (_LockedIndex),
+    and a load sets up only what loading compiled code needs."""
+
+    def __init__(self, function):
+        super().__init__(function)
+        index = self._cache_file
+        self._cache_file = _LockedIndex(index._cache_path, self._impl.filename_base,
+                                        index._source_stamp)
+
+    def load_overload(self, sig, target_context):
+        # numba refreshes the whole target context before a load: it imports and installs
+        # every registry of its typing and lowering (and, through numba.np.linalg, scipy's
+        # linalg where scipy is installed), 0.2 to 0.5 s of a warm first call. Compiled
+        # code needs only numba's runtime, which is what numba's refresh starts with; a
+        # compile, on a miss, refreshes the context itself (numba's CompilerBase).
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+
 def locked_cache(function) -> caching.FunctionCache:
     """numba's disk cache of ``function``, whose saves take turns across processes.
 
@@ -123,8 +145,4 @@ def locked_cache(function) -> caching.FunctionCache:
     code compiled for other argument types. Here a save holds a lock on a file beside the
     index from reading the index to writing it back, and writes the data file before the
     index names it, so a process loading meanwhile finds either no entry or a whole one."""
-    cache = caching.FunctionCache(function)
-    index = cache._cache_file
-    cache._cache_file = _LockedIndex(index._cache_path, cache._impl.filename_base,
-                                     index._source_stamp)
-    return cache
+    return _KernelCache(function)

@@ -81,7 +81,7 @@ class Launch(NamedTuple):
     entry: EntryPoint  # the serial entry point: (unit_begin, unit_end, x, y, *arguments)
     arguments: tuple  # its trailing arguments, its kinds last
     indices_arguments: tuple  # MaxPool's: max_pool_units_with_indices's after Indices
-    compiled: dict  # the entry point compiled, per Indices?, as met
+    compiled: dict  # per Indices?, as met: the entry point and ("driver", Indices?) its driver
 
 
 def _launch(plan: WindowPlan, threads: int) -> Launch:
@@ -195,21 +195,24 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
         if guarded is None:
             function(0, units, *arguments)
         else:
-            _drive(address, units, chunks, threads, entry, arguments)
+            _drive(address, units, chunks, threads, entry, arguments, compiled,
+                   ("driver", return_indices))
     finally:
         if guarded:
             _threads.leave_parallel()
     return (y, indices) if return_indices else y
 
 
-def _drive(address, units, chunks, threads, entry, arguments) -> None:
-    """The parallel driver over the entry point at ``address``. The entry point's inputs
-    are compiled read-only (entry.py), and the driver passes them on as it types them: they
-    go read-only. They are views of numbapool's own (reshaped), so the caller's arrays
-    keep their flags."""
+def _drive(address, units, chunks, threads, entry, arguments, compiled: dict, key) -> None:
+    """The parallel driver over the entry point at ``address``, compiled once for these
+    arguments' types and kept in ``compiled[key]``. The entry point's inputs are compiled
+    read-only (entry.py), and the driver passes them on as it types them: they go
+    read-only. They are views of numbapool's own (reshaped), so the caller's arrays keep
+    their flags."""
     for array in arguments[:entry.inputs]:
         array.flags.writeable = False
-    parallel.run_in_parallel(address, units, chunks, threads, arguments)
+    driver = compiled.get(key) or compiled.setdefault(key, parallel.compile_driver(arguments))
+    driver(address, units, chunks, threads, arguments)
 
 
 def _specialized(plan: WindowPlan):
@@ -252,8 +255,8 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
     """What a valid global pooling call with these arguments needs besides its arrays:
     (out_shape, dtype, rows, serial entry point, its trailing arguments, the storage dtype
     of 16-bit floats or None, the dtype of the bits GlobalMaxPool compares or None,
-    [the entry point compiled, once met]). Validates, and keeps the
-    answer for the next call."""
+    {"entry": the entry point compiled, "driver": the parallel driver compiled, once met}).
+    Validates, and keeps the answer for the next call."""
     plan = global_plan(op, shape, dtype)
     storage = _STORAGE.get(plan.dtype)
     if op == "GlobalMaxPool":
@@ -267,7 +270,7 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
     if len(_GLOBAL_CALLS) >= _MAX_GLOBAL_CALLS:  # shapes that never repeat: stay bounded
         _GLOBAL_CALLS.clear()
     call = _GLOBAL_CALLS[op, shape, dtype, p] = (plan.out_shape, plan.dtype, plan.rows, *kernels,
-                                                 [None])
+                                                 {})
     return call
 
 
@@ -294,16 +297,16 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     else:  # the maximum runs over the bits as signed integers (global_.global_max_units)
         arrays = (rows_in, rows_in.view(bits), rows_out, rows_out.view(bits))
     arguments = (*arrays, *constants)
-    if compiled[0] is None:
-        compiled[0] = entry.compile(arguments)
-    function, address = compiled[0]
+    function, address = (compiled.get("entry")
+                         or compiled.setdefault("entry", entry.compile(arguments)))
     threads = _threads.get_num_threads()
     guarded = _threads.enter_parallel(threads)
     try:
         if guarded is None:
             function(0, rows[0], *arguments)
         else:
-            _drive(address, rows[0], min(rows[0], global_.CHUNKS), threads, entry, arguments)
+            _drive(address, rows[0], min(rows[0], global_.CHUNKS), threads, entry, arguments,
+                   compiled, "driver")
     finally:
         if guarded:
             _threads.leave_parallel()
