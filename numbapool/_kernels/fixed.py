@@ -20,7 +20,7 @@ from .entry import EntryPoint
 from .codec import accumulator_array, as_accumulator, decode, encode
 from .units import first_unit_row, interior_outputs, interior_span, unit_row
 from .maxima import border_max, fold_max
-from .sums import border_sum, lp_root, store_roots, term_at
+from .sums import border_sum, leading_divisor, lp_root, mean_at, store_roots, term_at
 
 
 @njit(inline="always")
@@ -107,10 +107,7 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = unit_row(
             unit, unit_begin, nc, positions, starts, axes, block, x, y)
-        leading = 1
-        if p_kind == 0:
-            for axis in range(last):
-                leading *= divisor_counts[axis, positions[axis]]
+        leading = leading_divisor(divisor_counts, positions, last) if p_kind == 0 else 1
         lo = hi = end
         if row_inside:
             lo, hi = interior_span(first, end, interior)
@@ -123,9 +120,7 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets
             total = border_sum(o, row_offset, row_inside, starts, zero, p, p_kind, source,
                                axes, taps, tap_offsets, width)
             if p_kind == 0:
-                divisor = leading * divisor_counts[last, o]
-                mean = total / as_accumulator(max(divisor, 1), x)
-                out[np.uint64(out_first + o)] = encode(mean if divisor > 0 else zero, y)
+                out[np.uint64(out_first + o)] = mean_at(total, leading, divisor_counts, o, zero, y)
             else:
                 out[np.uint64(out_first + o)] = encode(lp_root(total, p, p_kind), y)
 

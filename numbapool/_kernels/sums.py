@@ -230,7 +230,7 @@ def border_sum(o, row_offset, row_inside, starts, zero, p, p_kind, source, axes,
 
 
 @njit(inline="always")
-def _leading_divisor(divisor_counts, positions, last):
+def leading_divisor(divisor_counts, positions, last):
     """The product of AveragePool's per-axis tap counts over the leading axes."""
     leading = 1
     for axis in range(last):
@@ -239,9 +239,11 @@ def _leading_divisor(divisor_counts, positions, last):
 
 
 @njit(inline="always")
-def _mean(total, divisor, zero, y):
-    """An AveragePool output: the window sum over its divisor, 0 for a window with no tap
-    inside, rounded once to y's type."""
+def mean_at(total, leading, divisor_counts, o, zero, y):
+    """AveragePool's output o of a row (its index along the last axis) from its window sum:
+    the sum over its divisor, ``leading`` (leading_divisor) times the last axis's tap count;
+    0 for a window with no tap inside; rounded once to y's type."""
+    divisor = leading * divisor_counts[np.uint64(divisor_counts.shape[0] - 1), np.uint64(o)]
     mean = total / as_accumulator(max(divisor, 1), zero)
     return encode(mean if divisor > 0 else zero, y)
 
@@ -251,15 +253,13 @@ def _three_row_means(rows, row_bases, out, out_begin, first, count, divisor_coun
                      zero, y):
     """AveragePool outputs of a window with three input rows: the cached row sums added in
     order to a zero, as the totals are, then divided."""
-    last = divisor_counts.shape[0] - 1
-    leading = _leading_divisor(divisor_counts, positions, last)
+    leading = leading_divisor(divisor_counts, positions, divisor_counts.shape[0] - 1)
     row0, row1, row2 = (np.uint64(row_bases[0]), np.uint64(row_bases[1]),
                         np.uint64(row_bases[2]))
     for j in range(count):
         k = np.uint64(j)
         total = ((zero + rows[row0 + k]) + rows[row1 + k]) + rows[row2 + k]
-        divisor = leading * divisor_counts[np.uint64(last), np.uint64(first + j)]
-        out[out_begin + k] = _mean(total, divisor, zero, y)
+        out[out_begin + k] = mean_at(total, leading, divisor_counts, first + j, zero, y)
 
 
 @kernel()  # not inlined: in sum_pool_units, once its kind's branches alone were left,
@@ -267,10 +267,9 @@ def _three_row_means(rows, row_bases, out, out_begin, first, count, divisor_coun
 def store_means(totals, out, out_begin, count, first, leading, divisor_counts, zero, y):
     """out[out_begin + j] = AveragePool's output first + j of a row from its window sum
     totals[j], ``leading`` the product of the tap counts over the leading axes."""
-    last = divisor_counts.shape[0] - 1
     for j in range(count):
-        divisor = leading * divisor_counts[np.uint64(last), np.uint64(first + j)]
-        out[out_begin + np.uint64(j)] = _mean(totals[j], divisor, zero, y)
+        out[out_begin + np.uint64(j)] = mean_at(totals[j], leading, divisor_counts, first + j,
+                                                zero, y)
 
 
 # The kind of p arrives as a literal argument (entry.py): each kind compiles its own
@@ -359,7 +358,7 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
         out_begin = np.uint64(nc * y.shape[1] + row + first)
         if p_kind == 0:
             store_means(totals, out, out_begin, end - first, first,
-                        _leading_divisor(divisor_counts, positions, last), divisor_counts,
+                        leading_divisor(divisor_counts, positions, last), divisor_counts,
                         zero, y)
         elif p_kind == 2:  # the common norm gets a loop with its kind a constant
             for j in range(end - first):
