@@ -5,11 +5,13 @@ import sys
 import tempfile
 
 # The suite compiles into a disk cache of its own, empty when it starts: numba reads
-# NUMBA_CACHE_DIR when it is imported, which no test module has done yet. The subprocesses
-# that the tests start inherit it. test_first_call.py fills it first (see below), so the
-# rest of the suite loads the kernels from it, as a user's later processes do.
-os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="numbapool-test-cache-")
-atexit.register(shutil.rmtree, os.environ["NUMBA_CACHE_DIR"], ignore_errors=True)
+# NUMBA_CACHE_DIR when it is imported, which no test module has done yet. pytest-xdist's
+# worker processes (pyproject.toml) inherit it from the controlling process, as do the
+# subprocesses that the tests start: what one worker compiles, the other loads, and saves
+# to it take turns (_cache.locked_cache).
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="numbapool-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["NUMBA_CACHE_DIR"], ignore_errors=True)
 
 from hypothesis import settings  # noqa: E402
 
@@ -41,5 +43,6 @@ def execution_path(request, monkeypatch):
 
 
 def pytest_collection_modifyitems(items):
-    """test_first_call.py first: its first process must meet an empty cache."""
+    """test_first_call.py first: its tests are the longest, and started last they would
+    leave one worker running alone at the end."""
     items.sort(key=lambda item: item.path.name != "test_first_call.py")
