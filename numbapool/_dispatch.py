@@ -36,7 +36,9 @@ _INF_BITS = {np.dtype(np.float16): 0x7C00, BFLOAT16: 0x7F80, np.dtype(np.float32
 # The rank-generic kernels' entry points (the specialized ones: _specialized)
 _MAX_POOL = EntryPoint(maxima.max_pool_units)
 _MAX_POOL_WITH_INDICES = EntryPoint(maxima.max_pool_units_with_indices)
-_SUM_POOLS = tuple(EntryPoint(sums.sum_pool_units, (p_kind,)) for p_kind in range(5))
+# the summing kernel per kind of p (_p_kind), AveragePool's also for windows 3 taps wide
+_SUM_POOLS = {(p_kind, three_taps): EntryPoint(sums.sum_pool_units, (p_kind, three_taps))
+              for p_kind in range(5) for three_taps in ((False, True) if p_kind == 0 else (False,))}
 _GLOBAL_MAX = EntryPoint(global_.global_max_units, inputs=2)  # x and its bits
 
 # Global pooling calls seen, keyed by (op, shape, dtype, p): see _global_call
@@ -98,7 +100,8 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
                              g["tap_outputs"], g["lead_rows"], block, slots)
         entry, arguments = _MAX_POOL, indices_arguments
     else:  # AveragePool is the p_kind 0 of the summing kernel
-        entry = _SUM_POOLS[_p_kind(plan.op, plan.p)]
+        p_kind = _p_kind(plan.op, plan.p)
+        entry = _SUM_POOLS[p_kind, p_kind == 0 and _three_taps(plan)]
         arguments = (plan.p, _sum_zero(plan), g["axes"], g["taps"], g["tap_offsets"],
                      g["tap_outputs"], g["lead_rows"], g["divisor_counts"], block, slots,
                      *entry.kinds)
@@ -162,6 +165,12 @@ def _rows_shared(plan: WindowPlan) -> bool:
     if len(plan.kernel_shape) < 2:
         return False
     return plan.strides[-2] < window_extents(plan.kernel_shape, plan.dilations)[-2]
+
+
+def _three_taps(plan: WindowPlan) -> bool:
+    """Whether the window is 3 taps wide along the last axis, with no dilation and a step
+    of 1 or 2 there: AveragePool then sums input rows with sums.three_tap_row_sums."""
+    return plan.kernel_shape[-1] == 3 and plan.strides[-1] <= 2 and plan.dilations[-1] == 1
 
 
 def _p_kind(op: str, p: float) -> int:

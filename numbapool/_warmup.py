@@ -41,7 +41,8 @@ def _choose(what: str, given, known: dict) -> list:
 def _windows():
     """(kernel_shape, strides, pads, LpPool's values of p) reaching every windowed kernel:
     the rank-generic ones (a padded 3x3 window; MaxPool without Indices takes them over one
-    axis), each of fixed.FIXED_WINDOWS (LpPool's compile per kind of p: |x|, x ** 2,
+    axis; AveragePool's windows of another width come with the columns' below), each of
+    fixed.FIXED_WINDOWS (LpPool's compile per kind of p: |x|, x ** 2,
     |x| ** 3, any other p), and MaxPool's input-rows-first kernels
     (columns.column_units), one per kind of last-axis window, over two and three
     spatial axes (3-high windows: a 2x2 one would take a fixed window's kernel)."""

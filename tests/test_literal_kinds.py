@@ -87,24 +87,30 @@ class Record(event.Listener):
 
 event.register("numba:compile", Record())
 x = np.ones((1, 2, 8, 8), np.float32)
-numbapool.average_pool(x, [3, 3], pads=[1, 1, 1, 1])
-average = dict(compiled)
-compiled.clear()
-numbapool.lp_pool(x, [3, 3], p=3)
-print(json.dumps([average, dict(compiled)]))
+firsts = []
+for call in (lambda: numbapool.average_pool(x, [3, 3], pads=[1, 1, 1, 1]),
+             lambda: numbapool.average_pool(x, [3, 4]),
+             lambda: numbapool.lp_pool(x, [3, 3], p=3)):
+    call()
+    firsts.append(dict(compiled))
+    compiled.clear()
+print(json.dumps(firsts))
 """
 
 
 def test_the_summing_kernel_compiles_one_kind_of_p(tmp_path):
     # In a fresh process on an empty cache: AveragePool's first call compiles none of
-    # LpPool's roots, and LpPool's none of AveragePool's three-tap rows; each compiles the
-    # loop of its own term only (_kind_run, one per kind of p)
+    # LpPool's roots, and LpPool's none of AveragePool's three-tap rows; a window 3 taps
+    # wide compiles the three-tap rows and not the generic ones (nor their loop per kind of
+    # p, _kind_run), a 4-wide one the reverse
     process = subprocess.run([sys.executable, "-c", _COMPILES_PER_OPERATOR],
                              capture_output=True, text=True, timeout=600,
                              env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)})
     assert process.returncode == 0, process.stderr
-    average, lp = json.loads(process.stdout.splitlines()[-1])
-    assert average["sum_pool_units"] == 1 and average["three_tap_row_sums"] == 1
-    assert average["_kind_run"] == 1 and "store_roots_apart" not in average
+    three_wide, four_wide, lp = json.loads(process.stdout.splitlines()[-1])
+    assert three_wide["sum_pool_units"] == 1 and three_wide["three_tap_row_sums"] == 1
+    assert not {"sum_over_last_axis", "_kind_run", "store_roots_apart"} & set(three_wide)
+    assert four_wide["sum_pool_units"] == 1 and four_wide["sum_over_last_axis"] == 1
+    assert four_wide["_kind_run"] == 1 and "three_tap_row_sums" not in four_wide
     assert lp["sum_pool_units"] == 1 and lp["store_roots_apart"] == 1
     assert lp["_kind_run"] == 1 and "three_tap_row_sums" not in lp

@@ -232,7 +232,9 @@ def border_sum(o, row_offset, row_inside, starts, zero, p, p_kind, source, axes,
 @njit(inline="always")
 def leading_divisor(divisor_counts, positions, last):
     """The product of AveragePool's per-axis tap counts over the leading axes."""
-    leading = 1
+    # an int64 from the start: a literal 1 would have numba compile the callees it is
+    # passed to for Literal[int](1) too, before its type settles
+    leading = np.int64(1)
     for axis in range(last):
         leading *= divisor_counts[axis, positions[axis]]
     return leading
@@ -272,15 +274,17 @@ def store_means(totals, out, out_begin, count, first, leading, divisor_counts, z
                                                 zero, y)
 
 
-# The kind of p arrives as a literal argument (entry.py): each kind compiles its own
-# branches only (literal_kinds.py), AveragePool none of LpPool's roots and the reverse.
+# The kinds arrive as literal arguments (entry.py): each compiles its own branches only
+# (literal_kinds.py), AveragePool none of LpPool's roots and the reverse, a window 3 taps
+# wide none of the generic row sums and the reverse.
 @kernel()
 def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets, tap_outputs,
-                   lead_rows, divisor_counts, block, slots, p_kind):
+                   lead_rows, divisor_counts, block, slots, p_kind, three_taps):
     """AveragePool (p_kind 0) and LpPool (p_kind 1 to 4) over each window's taps inside the
     input, accumulated in the type of ``zero`` (float32 or float64). AveragePool divides by
     the product over axes of ``divisor_counts``; a divisor of 0 (a window with no tap
-    inside) gives 0.
+    inside) gives 0. ``three_taps``: an AveragePool window 3 taps wide along the last axis,
+    with no dilation and a step of 1 or 2, whose input rows three_tap_row_sums sums.
 
     A window's sum is the sum over its rows, in order, of each row's sum along the last
     axis; each input row's sums are computed once, cached, and serve the next output rows,
@@ -294,9 +298,6 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
     k_last = taps[taps.shape[0] - 1, last] + 1
     lead_count = taps.shape[0] // k_last
     interior = interior_outputs(axes, 3)
-    # AveragePool's rows 3 taps wide take three_tap_row_sums (the kind is tested on its own
-    # in the branch, so that LpPool's compile leaves the call out: literal_kinds.py)
-    three_taps = k_last == 3 and step <= 2 and axes[AXIS_DILATION, last] == 1
     p_acc = as_accumulator(p, zero)
     # AveragePool windows of three input rows add them in _three_row_means, once all three
     # are cached: only when the rows cannot share a slot (they span fewer rows than slots)
@@ -316,10 +317,12 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
             nc = next_unit(positions, nc, axes, block)
         first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
         row_offset += nc * x.shape[1]
-        if lead_count == 1 and (row_inside or tap_is_inside(0, taps, starts, axes, last)):
-            # one input row per window: no rows to add up
-            sum_over_last_axis(source, row_offset, first, end, step, totals, np.uint64(0), zero,
-                               axes, tap_outputs, tap_offsets, k_last, p_acc, p_kind)
+        if (lead_count == 1 and not three_taps
+                and (row_inside or tap_is_inside(0, taps, starts, axes, last))):
+            # one input row per window: no rows to add up (three-tap rows take the path
+            # below: a second call of three_tap_row_sums made the 2-D windows 5-8% slower)
+            sum_over_last_axis(source, row_offset, first, end, step, totals, np.uint64(0),
+                               zero, axes, tap_outputs, tap_offsets, k_last, p_acc, p_kind)
         else:
             first_row = first_input_row(nc, channel_rows, starts, row_strides)
             if not defer:
@@ -335,13 +338,15 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
                 base = np.uint64(slot * block)
                 row_bases[inside_rows] = slot * block
                 inside_rows += 1
-                if missing and p_kind == 0 and three_taps:
-                    three_tap_row_sums(source, row_offset + tap_offsets[tap], first, end, step,
-                                       rows, base, zero, axes, interior)
-                elif missing:
-                    sum_over_last_axis(source, row_offset + tap_offsets[tap], first, end, step,
-                                       rows, base, zero, axes, tap_outputs, tap_offsets, k_last,
-                                       p_acc, p_kind)
+                # the kind tested on its own, so that its compile drops the other call
+                if missing:
+                    if three_taps:
+                        three_tap_row_sums(source, row_offset + tap_offsets[tap], first, end,
+                                           step, rows, base, zero, axes, interior)
+                    else:
+                        sum_over_last_axis(source, row_offset + tap_offsets[tap], first, end,
+                                           step, rows, base, zero, axes, tap_outputs,
+                                           tap_offsets, k_last, p_acc, p_kind)
                 if not defer:
                     for j in range(end - first):
                         totals[j] += rows[base + np.uint64(j)]
