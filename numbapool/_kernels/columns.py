@@ -17,7 +17,7 @@ from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INPUT_STRIDE, AXI
 from . import kernel
 from .codec import decode
 from .units import first_unit_row, tap_is_inside, unit_row
-from .maxima import border_max, fold_max, fold_max_run, start_maxima
+from .maxima import border_max, fold_max_function, fold_max_run, start_maxima
 
 
 @njit(inline="always")
@@ -33,15 +33,15 @@ def _fold_column_rows(columns, lo, hi, source, row_starts, rows):
     at2 = np.uint64(row_starts[take - 1])
     for i in range(hi - lo):
         k = np.uint64(i)
-        columns[base + k] = fold_max(fold_max(source[at0 + k], source[at1 + k]),
-                                      source[at2 + k])
+        columns[base + k] = fold_max_function(
+            fold_max_function(source[at0 + k], source[at1 + k]), source[at2 + k])
     for r in range(take, rows, 3):
         at0 = np.uint64(row_starts[r])
         at1 = np.uint64(row_starts[r + 1])
         at2 = np.uint64(row_starts[r + 2])
         for i in range(hi - lo):
             k = np.uint64(i)
-            columns[base + k] = fold_max(fold_max(fold_max(
+            columns[base + k] = fold_max_function(fold_max_function(fold_max_function(
                 columns[base + k], source[at0 + k]), source[at1 + k]), source[at2 + k])
 
 
@@ -79,7 +79,7 @@ def _column_windows(columns, target, base, count, width, step):
         at = np.uint64(j) * step
         value = columns[at]
         for tap in range(1, width):
-            value = fold_max(value, columns[at + np.uint64(tap)])
+            value = fold_max_function(value, columns[at + np.uint64(tap)])
         target[base + np.uint64(j)] = value
 
 
