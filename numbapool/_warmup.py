@@ -54,8 +54,7 @@ def _windows():
         kernel = [height, width] if depth == 1 else [depth, height, width]
         yield kernel, [1] * (len(kernel) - 1) + [step], None, (1, 2, 3, 0.5)
     for width, step in columns.COLUMN_KINDS:
-        # width 0: a window outside COLUMN_WINDOWS (4 wide); step 0: any other step (3)
-        width, step = width or 4, step or 3
+        width, step = width or 4, step or 1  # (0, 0): a window outside COLUMN_WINDOWS
         for rank in (2, 3):
             yield [3] * (rank - 1) + [width], [1] * (rank - 1) + [step], None, (2,)
 

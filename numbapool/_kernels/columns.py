@@ -84,12 +84,12 @@ def _column_windows(columns, target, base, count, width, step):
 
 
 # Last-axis windows (width, step), undilated, whose taps column_units takes in one loop
-# body; other windows take theirs one run at a time, at a constant step where it is 1 or 2
-# (width 0), else at any step (0, 0).
+# body; other windows (0, 0) take theirs one run at a time, in a loop of its own for steps 1
+# and 2, which vectorizes.
 COLUMN_WINDOWS = ((3, 2), (3, 1), (2, 2))
 
 
-COLUMN_KINDS = COLUMN_WINDOWS + ((0, 1), (0, 2), (0, 0))
+COLUMN_KINDS = COLUMN_WINDOWS + ((0, 0),)
 
 
 def column_kind(width, step, dilation):
@@ -97,7 +97,7 @@ def column_kind(width, step, dilation):
     ``dilation`` apart, at ``step``."""
     if dilation == 1 and (width, step) in COLUMN_WINDOWS:
         return width, step
-    return 0, step if step in (1, 2) else 0
+    return 0, 0
 
 
 # The kind of window arrives as literal arguments (entry.py), so that each kind compiles
@@ -186,13 +186,13 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
         else:
             start_maxima(out, None, out_begin, count, lowest)
             for kw in range(k_last):
-                # the step a constant where the kind has one: a loop that vectorizes
-                if window_step:
-                    fold_max_run(columns, np.uint64(kw * dilation), np.uint64(window_step),
-                             out, out_begin, count)
+                offset = np.uint64(kw * dilation)
+                if step == 1:
+                    fold_max_run(columns, offset, np.uint64(1), out, out_begin, count)
+                elif step == 2:
+                    fold_max_run(columns, offset, np.uint64(2), out, out_begin, count)
                 else:
-                    fold_max_run(columns, np.uint64(kw * dilation), step, out, out_begin,
-                             count)
+                    fold_max_run(columns, offset, step, out, out_begin, count)
         if check_ties:
             suspect = False
             for j in range(count):
