@@ -42,17 +42,18 @@ def _windows():
     """(kernel_shape, strides, pads, LpPool's values of p) reaching every windowed kernel:
     the rank-generic ones (a padded 3x3 window; MaxPool without Indices takes them over one
     axis; AveragePool's windows of another width come with the columns' below), each of
-    fixed.FIXED_WINDOWS (LpPool's compile per kind of p: |x|, x ** 2,
-    |x| ** 3, any other p), and MaxPool's input-rows-first kernels
-    (columns.column_units), one per kind of last-axis window, over two and three
-    spatial axes (3-high windows: a 2x2 one would take a fixed window's kernel)."""
+    fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels (columns.column_units),
+    one per kind of last-axis window, over two and three spatial axes (3-high windows: a
+    2x2 one would take a fixed window's kernel). LpPool compiles per kind of p (|x|,
+    x ** 2, |x| ** 3, any other p): each kind in the generic and the fixed windows."""
     from ._kernels import columns, fixed
 
-    yield [3, 3], [1, 1], [1, 1, 1, 1], (2,)
+    every_p = (1, 2, 3, 0.5)
+    yield [3, 3], [1, 1], [1, 1, 1, 1], every_p
     yield [3], [1], [1, 1], (2,)
     for depth, height, width, step in fixed.FIXED_WINDOWS:
         kernel = [height, width] if depth == 1 else [depth, height, width]
-        yield kernel, [1] * (len(kernel) - 1) + [step], None, (1, 2, 3, 0.5)
+        yield kernel, [1] * (len(kernel) - 1) + [step], None, every_p
     for width, step in columns.COLUMN_KINDS:
         width, step = width or 4, step or 1  # (0, 0): a window outside COLUMN_WINDOWS
         for rank in (2, 3):
