@@ -115,10 +115,17 @@ def _exercise(op: str, dtype: np.dtype, window: int | None = None) -> None:
 
 def _tasks(pairs: list) -> list:
     """(op, dtype name, window) for each pair: a windowed operator's windows one by one,
-    so that workers share out one operator's kernels too."""
+    so that workers share out one operator's kernels too. In turn across the dtypes, window
+    by window: tasks that run at once are then of different dtypes where there are several,
+    and do not compile at once the kernels one dtype's windows share (each window's
+    MaxPool with Indices, say), which both workers would do on an empty cache."""
     windows = range(len(list(_windows())))
-    return [(op, name, window) for op, name in pairs
-            for window in (windows if op in WINDOWED else [None])]
+    tasks = []
+    for op in dict.fromkeys(op for op, _ in pairs):
+        names = [name for pair_op, name in pairs if pair_op == op]
+        for window in (windows if op in WINDOWED else [None]):
+            tasks += [(op, name, window) for name in names]
+    return tasks
 
 
 def _exercise_task(op: str, name: str, window: int | None) -> None:

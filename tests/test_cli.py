@@ -144,6 +144,18 @@ def test_warmup_reaches_every_windowed_kernel():
     assert result.stdout.strip() == "[]"
 
 
+def test_warmup_tasks_take_the_dtypes_in_turn():
+    # two workers on consecutive tasks then never compile one dtype's shared kernels (the
+    # MaxPool with Indices every window calls) at once; every task is there once
+    pairs = [("MaxPool", "float16"), ("MaxPool", "float32"), ("MaxUnpool", "float32")]
+    tasks = _warmup._tasks(pairs)
+    windows = len(list(_warmup._windows()))
+    assert len(tasks) == len(set(tasks)) == 2 * windows + 1
+    assert tasks[:4] == [("MaxPool", "float16", 0), ("MaxPool", "float32", 0),
+                         ("MaxPool", "float16", 1), ("MaxPool", "float32", 1)]
+    assert tasks[-1] == ("MaxUnpool", "float32", None)
+
+
 def test_warmup_workers_default_to_the_cpus_at_most_eight(monkeypatch):
     # each worker holds numba and LLVM (hundreds of MB): a 64-core machine gets 8
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
