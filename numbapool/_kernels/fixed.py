@@ -67,12 +67,15 @@ def fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets,
 
 @njit(inline="always")
 def _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_length, plane,
-                   depth, height, width, zero, p, p_kind, leading, divisor_counts, last, x, y,
-                   totals):
+                   depth, height, width, zero, p, p_kind, leading, x, y, totals):
     """Outputs [lo, hi) of a row whose windows lie inside the input: each window's input
     rows summed along the last axis, then the rows in order, as the generic kernel adds
     them; the mean (p_kind 0) or the root, rounded once. Cube roots (p_kind 3) go through
     ``totals`` to store_roots, whose loop of them vectorizes where this one would not."""
+    # Every tap of these windows lies inside the input, so each counts all of its taps
+    # (divisor_counts[last, o] is the width): one divisor for the row, converted once. Per
+    # output, the int64 table's conversion kept the loop from vectorizing.
+    divisor = as_accumulator(leading * width, x)
     for o in range(lo, hi):
         at = np.uint64(row_offset + o * step - pad)
         total = zero
@@ -84,8 +87,7 @@ def _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_le
                         source, at + np.uint64(d * plane + r * row_length + w), p, p_kind)
                 total += row_sum
         if p_kind == 0:
-            divisor = leading * divisor_counts[last, o]
-            out[np.uint64(out_first + o)] = encode(total / as_accumulator(divisor, x), y)
+            out[np.uint64(out_first + o)] = encode(total / divisor, y)
         elif p_kind == 3:
             totals[o - lo] = total
         else:
@@ -112,8 +114,8 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets
         if row_inside:
             lo, hi = interior_span(first, end, interior)
             _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_length,
-                           plane, depth, height, width, zero, p, p_kind, leading,
-                           divisor_counts, last, x, y, totals)
+                           plane, depth, height, width, zero, p, p_kind, leading, x, y,
+                           totals)
         for o in range(first, end):
             if lo <= o < hi:
                 continue
