@@ -17,7 +17,7 @@ from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INPUT_STRIDE, AXI
 from . import kernel
 from .codec import decode
 from .units import first_unit_row, tap_is_inside, unit_row
-from .maxima import border_max, fold_max_function, fold_max_run, start_maxima
+from .maxima import border_max, fold_max_function, max_run, start_maxima
 
 
 @njit(inline="always")
@@ -186,13 +186,7 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
         else:
             start_maxima(out, None, out_begin, count, lowest)
             for kw in range(k_last):
-                offset = np.uint64(kw * dilation)
-                if step == 1:
-                    fold_max_run(columns, offset, np.uint64(1), out, out_begin, count)
-                elif step == 2:
-                    fold_max_run(columns, offset, np.uint64(2), out, out_begin, count)
-                else:
-                    fold_max_run(columns, offset, step, out, out_begin, count)
+                max_run(columns, np.uint64(kw * dilation), step, out, out_begin, count)
         if check_ties:
             suspect = False
             for j in range(count):

@@ -61,27 +61,30 @@ def _max_run_with_taps(source, offset, step, best, best_taps, tap, begin, count)
 
 
 @njit(inline="always")
-def max_run(source, offset, step, best, best_taps, tap, begin, count):
+def max_run(source, offset, step, best, begin, count):
     """Fold one tap into ``count`` consecutive outputs from ``begin``, ``step`` elements
-    apart in the input, tracking the winning taps unless ``best_taps`` is None.
+    apart in the input.
 
     Steps 1 and 2 (most strides) get loops of their own with the step a constant, which the
     compiler vectorizes; the general loop does not.
     """
-    if best_taps is None:
-        if step == 1:
-            fold_max_run(source, offset, np.uint64(1), best, begin, count)
-        elif step == 2:
-            fold_max_run(source, offset, np.uint64(2), best, begin, count)
-        else:
-            fold_max_run(source, offset, step, best, begin, count)
+    if step == 1:
+        fold_max_run(source, offset, np.uint64(1), best, begin, count)
+    elif step == 2:
+        fold_max_run(source, offset, np.uint64(2), best, begin, count)
     else:
-        if step == 1:
-            _max_run_with_taps(source, offset, np.uint64(1), best, best_taps, tap, begin, count)
-        elif step == 2:
-            _max_run_with_taps(source, offset, np.uint64(2), best, best_taps, tap, begin, count)
-        else:
-            _max_run_with_taps(source, offset, step, best, best_taps, tap, begin, count)
+        fold_max_run(source, offset, step, best, begin, count)
+
+
+@njit(inline="always")
+def max_run_with_taps(source, offset, step, best, best_taps, tap, begin, count):
+    """max_run, and in ``best_taps`` the winning taps."""
+    if step == 1:
+        _max_run_with_taps(source, offset, np.uint64(1), best, best_taps, tap, begin, count)
+    elif step == 2:
+        _max_run_with_taps(source, offset, np.uint64(2), best, best_taps, tap, begin, count)
+    else:
+        _max_run_with_taps(source, offset, step, best, best_taps, tap, begin, count)
 
 
 @njit(inline="always")
@@ -103,7 +106,12 @@ def max_over_last_axis(source, row_start, first, end, step, target, target_taps,
     target[base + j] for output first + j."""
     for kw in range(k_last):
         begin, count, offset = tap_run(kw, first, end, tap_outputs, row_start, axes, tap_offsets)
-        max_run(source, offset, step, target, target_taps, tap_base + kw, base + begin, count)
+        # an argument tested against None: numba drops the other branch before inlining
+        if target_taps is None:
+            max_run(source, offset, step, target, base + begin, count)
+        else:
+            max_run_with_taps(source, offset, step, target, target_taps, tap_base + kw,
+                              base + begin, count)
 
 
 # The loops live in plain functions that the parallel driver calls: inside numba's
