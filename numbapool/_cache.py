@@ -123,6 +123,11 @@ class _KernelCache(caching.FunctionCache):
         self._cache_file = _LockedIndex(index._cache_path, self._impl.filename_base,
                                         index._source_stamp)
 
+    def holds(self, sig, target_context) -> bool:
+        """Whether the cache has an entry for ``sig``, without loading it."""
+        return self._enabled and (self._index_key(sig, target_context.codegen())
+                                  in self._cache_file._load_index())
+
     def load_overload(self, sig, target_context):
         # numba refreshes the whole target context before a load: it imports and installs
         # every registry of its typing and lowering (and, through numba.np.linalg, scipy's

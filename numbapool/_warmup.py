@@ -129,8 +129,12 @@ def _tasks(pairs: list) -> list:
 
 
 def _exercise_task(op: str, name: str, window: int | None) -> None:
-    """_exercise of a task, its dtype by name (picklable, for a worker process)."""
+    """_exercise of a task, its dtype by name (picklable, for a worker process), and the
+    parallel drivers it started compiling in the background, done."""
+    from ._kernels import parallel
+
     _exercise(op, DTYPE_NAMES[name], window)
+    parallel.wait_for_drivers()
 
 
 # Default workers at most: each holds numba and LLVM, about 350 MB compiling MaxPool

@@ -46,6 +46,7 @@ import sys
 import numpy as np
 import numbapool
 from numbapool import _warmup
+from numbapool._kernels import parallel
 
 groups = sys.argv[1:]
 ops = {"maxima": ["MaxPool", "MaxUnpool", "GlobalMaxPool"],
@@ -62,6 +63,8 @@ for name, dtype in _warmup.DTYPE_NAMES.items():
                 numbapool.global_max_pool(x)
         if "sums" in groups and floating:
             numbapool.global_average_pool(x)
+# the parallel drivers that compile in the background, done (a process waits at exit too)
+parallel.wait_for_drivers()
 # numba refreshes its target context before every compile (and before its own cache's
 # loads, which numbapool's cache skips): the refresh imports numba.np.linalg, and with it
 # scipy.linalg where scipy is installed
@@ -138,3 +141,51 @@ def test_warmup_workers_leave_a_complete_cache(tmp_path):
     filled = _cache_files(str(tmp_path))
     assert warmup(1) == []
     assert _cache_files(str(tmp_path)) == filled
+
+
+_DRIVER_IN_BACKGROUND = _RECORDER + """
+import sys
+import numpy as np
+import numbapool
+from numbapool import _dispatch
+from numbapool._kernels import parallel
+
+if sys.argv[1:] == ["large"]:  # every input counts as one too large to run serially
+    _dispatch._WAIT_FOR_DRIVER = 0
+x = np.random.default_rng(0).standard_normal((2, 16, 96, 96)).astype(np.float32)
+first = numbapool.max_pool(x, [3, 3], strides=[2, 2])
+compiling = [not future.done() for future in parallel._compiles.values()]
+drivers_at_once = len(parallel.run_in_parallel.overloads)
+parallel.wait_for_drivers()
+through_driver = numbapool.max_pool(x, [3, 3], strides=[2, 2])
+print(json.dumps({"compiling": compiling, "drivers": drivers_at_once,
+                  "same": bool(np.array_equal(first, through_driver)),
+                  "compiled": sorted({name for name, _ in compiled})}))
+"""
+
+
+def _run_driver_script(cache, *args) -> dict:
+    result = subprocess.run([sys.executable, "-c", _DRIVER_IN_BACKGROUND, *args],
+                            env={**os.environ, "NUMBA_CACHE_DIR": str(cache)},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_a_first_call_leaves_its_driver_to_a_background_compile(tmp_path):
+    """On an empty cache a parallel-size first call runs on the calling thread while its
+    parallel driver compiles on a thread of its own; the next call runs through the
+    driver, with the same result, and the process waits for the compile at exit: a second
+    process loads the driver and compiles nothing."""
+    first = _run_driver_script(tmp_path)
+    assert first["compiling"] == [True] and first["drivers"] == 0 and first["same"]
+    assert "run_in_parallel" in first["compiled"]
+    assert _run_driver_script(tmp_path) == {"compiling": [], "drivers": 1, "same": True,
+                                            "compiled": []}
+
+
+def test_a_large_first_call_waits_for_its_driver(tmp_path):
+    """An input too large to run serially meanwhile compiles its driver before the call."""
+    first = _run_driver_script(tmp_path, "large")
+    assert first["compiling"] == [] and first["drivers"] == 1 and first["same"]
+    assert "run_in_parallel" in first["compiled"]

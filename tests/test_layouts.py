@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import numbapool
+from numbapool._kernels import parallel
 import reference
 
 RNG = np.random.default_rng(7)
@@ -134,6 +135,7 @@ def test_read_only_inputs_share_the_compiled_kernels(side):
         lambda x: numbapool.average_pool(x, [2, 2], strides=[2, 2])]
     for call in calls:
         call(x)
+        parallel.wait_for_drivers()  # the driver compiling in the background, if any
         assert x.flags.writeable
         before = _kernel_signatures()
         got = call(read_only)
