@@ -189,3 +189,17 @@ def test_a_large_first_call_waits_for_its_driver(tmp_path):
     first = _run_driver_script(tmp_path, "large")
     assert first["compiling"] == [] and first["drivers"] == 1 and first["same"]
     assert "run_in_parallel" in first["compiled"]
+
+
+def test_a_call_at_interpreter_exit_compiles_its_driver_in_place(tmp_path):
+    """No thread can start once the interpreter shuts down: a first call from an atexit
+    handler compiles its driver before it runs, instead of failing."""
+    script = ("import atexit\n"
+              "import numpy as np\n"
+              "import numbapool\n"
+              "x = np.ones((2, 16, 96, 96), np.float32)\n"
+              "atexit.register(lambda: print(numbapool.max_pool(x, [3, 3]).sum()))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}, timeout=600)
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    assert float(result.stdout) == 2 * 16 * 94 * 94

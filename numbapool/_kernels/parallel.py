@@ -14,9 +14,9 @@ calling thread: a first call then costs the kernel's compile, not the driver's a
 process waits for it at exit, so that the driver reaches the disk cache.
 """
 
-import concurrent.futures
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from numba import prange, types
 from numba.core import cgutils
@@ -98,10 +98,13 @@ def ready_driver(arguments: tuple, wait: bool = False):
                     or (hasattr(cache, "holds") and cache.holds(signature,
                                                                 run_in_parallel.targetctx))):
                 return _compile(signature)
-            if _compiler is None:
-                _compiler = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="numbapool-driver")
-            future = _compiles[signature] = _compiler.submit(_compile, signature)
+            try:
+                if _compiler is None:
+                    _compiler = ThreadPoolExecutor(1, thread_name_prefix="numbapool-driver")
+                future = _compiler.submit(_compile, signature)
+            except RuntimeError:  # the interpreter is shutting down: no new threads
+                return _compile(signature)
+            _compiles[signature] = future
     return future.result() if wait or future.done() else None
 
 
