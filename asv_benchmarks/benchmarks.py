@@ -7,7 +7,7 @@ the timed body, and ``timeraw_`` measures import plus a first call in a fresh pr
 import numba
 
 from numbapool._bench import FIRST_CALL_INPUT, FIRST_CALLS
-from numbapool._cases import CASES, CASES_BY_NAME, make_input, runner
+from numbapool._cases import CASES, CASES_BY_NAME, make_input, ready, runner
 
 CASE_NAMES = [case.name for case in CASES]
 THREADS = sorted({1, numba.config.NUMBA_NUM_THREADS})
@@ -23,7 +23,7 @@ class Pooling:
         self.x = make_input(self.case.shape, self.case.dtype)
         numba.set_num_threads(threads)
         self.call = runner(self.case, self.x)
-        self.call()  # compile (or load from the disk cache) before timing
+        ready(self.call)  # compile (or load from the disk cache) before timing
 
     def time_call(self, name, threads):
         self.call()

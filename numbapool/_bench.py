@@ -23,7 +23,8 @@ import time
 import numba
 import numpy as np
 
-from ._cases import CASES, CASES_BY_NAME, SCALING_CASES, Case, make_input, run, runner
+from ._cases import (CASES, CASES_BY_NAME, SCALING_CASES, Case, make_input, ready, run,
+                     runner)
 
 BLOCK_SECONDS = 0.025
 
@@ -300,7 +301,7 @@ def scaling(threads: int, rounds: int) -> str:
     for case in SCALING_CASES:
         x = make_input(case.shape, case.dtype)
         call = runner(case, x)
-        call()
+        ready(call)
         times = {1: [], threads: []}
         for r in range(rounds):
             for count in ((1, threads) if r % 2 else (threads, 1)):
