@@ -203,3 +203,31 @@ def test_a_call_at_interpreter_exit_compiles_its_driver_in_place(tmp_path):
                             env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}, timeout=600)
     assert result.returncode == 0 and not result.stderr, result.stderr
     assert float(result.stdout) == 2 * 16 * 94 * 94
+
+
+_FORK_WHILE_COMPILING = """
+import os
+import numpy as np
+import numbapool
+from numbapool._kernels import parallel
+
+x = np.ones((2, 16, 96, 96), np.float32)
+numbapool.max_pool(x, [3, 3])
+assert any(not future.done() for future in parallel._compiles.values())
+child = os.fork()
+if child == 0:  # compiles a kernel of its own, which takes numba's compiler lock
+    total = numbapool.average_pool(x, [2, 2], strides=[2, 2]).sum()
+    os._exit(0 if total == x.size // 4 else 1)
+_, status = os.waitpid(child, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_fork_while_a_driver_compiles_leaves_a_working_child(tmp_path):
+    """A fork copies numba's compiler lock as the background compile holds it: the fork
+    waits for the compile, so that the child can compile too instead of waiting forever."""
+    result = subprocess.run([sys.executable, "-c", _FORK_WHILE_COMPILING], capture_output=True,
+                            text=True, env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0"]

@@ -16,7 +16,8 @@ process waits for it at exit, so that the driver reaches the disk cache.
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for_futures
 
 from numba import prange, types
 from numba.core import cgutils
@@ -78,17 +79,26 @@ def _compile(signature: tuple):
 # Whether ready_driver may compile on its own thread (the test suite compiles in place, so
 # that every first call it makes runs through the parallel driver)
 COMPILE_IN_BACKGROUND = True
-_compiles = {}  # signature: the Future of its driver, compiled on _compiler's thread
+_compiles = {}  # signature: the Future of its driver, compiled on a thread of its own
 _compiles_lock = threading.Lock()
-_compiler = None
+
+
+def _compile_into(future: Future, signature: tuple) -> None:
+    try:
+        future.set_result(_compile(signature))
+    except BaseException as error:  # handed to the call that picks the driver up
+        future.set_exception(error)
 
 
 def ready_driver(arguments: tuple, wait: bool = False):
     """run_in_parallel for ``arguments`` (their inputs already read-only) and int64 address
     and counts, compiled (_compile), if it needs no compile (compiled already, or in the disk
     cache: loaded now) or if ``wait``; otherwise None, its compile started on a thread of
-    its own (once per signature), and its result returned by a call once it is done."""
-    global _compiler
+    its own (once per signature), and its result returned by a call once it is done.
+
+    The thread is not a daemon, so that a process waits for it at exit (and the driver
+    reaches the disk cache), and it ends with its compile: no thread stays behind, which
+    a fork would warn about."""
     signature = _signature(arguments)
     with _compiles_lock:
         future = _compiles.get(signature)
@@ -98,10 +108,10 @@ def ready_driver(arguments: tuple, wait: bool = False):
                     or (hasattr(cache, "holds") and cache.holds(signature,
                                                                 run_in_parallel.targetctx))):
                 return _compile(signature)
+            future = Future()
             try:
-                if _compiler is None:
-                    _compiler = ThreadPoolExecutor(1, thread_name_prefix="numbapool-driver")
-                future = _compiler.submit(_compile, signature)
+                threading.Thread(target=_compile_into, args=(future, signature),
+                                 name="numbapool-driver").start()
             except RuntimeError:  # the interpreter is shutting down: no new threads
                 return _compile(signature)
             _compiles[signature] = future
@@ -116,12 +126,19 @@ def wait_for_drivers() -> None:
         future.result()
 
 
+def _before_fork() -> None:
+    # A fork copies numba's compiler lock as the compiling thread holds it, and nothing in
+    # the child would ever release it: a fork waits for the compiles first.
+    with _compiles_lock:
+        futures = list(_compiles.values())
+    wait_for_futures(futures)
+
+
 def _forget_compiles() -> None:
-    # a forked child has no compile thread: its drivers compile anew
-    global _compiler, _compiles_lock
-    _compiler = None
+    # a forked child has no compile thread: its drivers compile anew (or load)
+    global _compiles_lock
     _compiles.clear()
     _compiles_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_compiles)
+os.register_at_fork(before=_before_fork, after_in_child=_forget_compiles)
