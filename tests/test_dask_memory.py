@@ -14,6 +14,7 @@ import pytest
 
 import numbapool
 import numbapool.dask as nd
+from numbapool._kernels import parallel
 
 da = pytest.importorskip("dask.array")  # test dependencies: present in CI
 dask = pytest.importorskip("dask")
@@ -63,6 +64,7 @@ def _warm():
             for array in (x, big):
                 getattr(numbapool, name)(array)
             getattr(nd, name)(da.from_array(x, chunks=4)).compute(scheduler="sync")
+    parallel.wait_for_drivers()  # those compiling in the background, before the baseline
 
 
 @pytest.fixture(scope="module")
