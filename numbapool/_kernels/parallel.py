@@ -118,20 +118,23 @@ def ready_driver(arguments: tuple, wait: bool = False):
     return future.result() if wait or future.done() else None
 
 
-def wait_for_drivers() -> None:
-    """Wait until every driver compiling in the background is compiled (and saved)."""
+def _started() -> list:
     with _compiles_lock:
-        futures = list(_compiles.values())
-    for future in futures:
+        return list(_compiles.values())
+
+
+def wait_for_drivers() -> None:
+    """Wait until every driver compiling in the background is compiled (and saved); raise
+    a compile's error."""
+    for future in _started():
         future.result()
 
 
 def _before_fork() -> None:
     # A fork copies numba's compiler lock as the compiling thread holds it, and nothing in
-    # the child would ever release it: a fork waits for the compiles first.
-    with _compiles_lock:
-        futures = list(_compiles.values())
-    wait_for_futures(futures)
+    # the child would ever release it: a fork waits for the compiles first (their errors
+    # are for the calls that pick the drivers up)
+    wait_for_futures(_started())
 
 
 def _forget_compiles() -> None:
