@@ -19,7 +19,7 @@ from .codec import decode, encode, float32_bits
 from .prefetch import prefetch_ahead
 from . import kernel
 from .entry import EntryPoint
-from .maxima import keeps
+from .maxima import fold_max
 from .sums import lp_root, lp_term
 
 # Runs of channels the parallel driver deals out, at most: the loops live in plain
@@ -44,7 +44,7 @@ def channel_max(flat, base, size):
     best = flat[base]
     for i in range(1, size):
         value = flat[base + np.uint64(i)]
-        best = best if keeps(decode(best), decode(value)) else value
+        best = fold_max(best, value)
     return best
 
 

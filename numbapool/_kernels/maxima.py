@@ -44,6 +44,7 @@ fold_max_function = njit(forceinline=True, nogil=True)(fold_max.py_func)
 
 @njit(inline="always")
 def fold_max_run(source, offset, step, best, begin, count):
+    # fold_max written out: calling it here made a 1-D float16 MaxPool 5% slower
     for j in range(count):
         value = source[offset + np.uint64(j) * step]
         kept = best[begin + np.uint64(j)]
@@ -193,9 +194,7 @@ def _max_pool_units(unit_begin, unit_end, x, y, indices, index_offsets, best_tap
                                    k_last, np.int64(0))
             if best_taps is None:
                 for j in range(end - first):
-                    kept = best[j]
-                    value = rows[base + np.uint64(j)]
-                    best[j] = kept if keeps(decode(kept), decode(value)) else value
+                    best[j] = fold_max(best[j], rows[base + np.uint64(j)])
             else:
                 for j in range(end - first):
                     value = rows[base + np.uint64(j)]
