@@ -268,7 +268,7 @@ def _specialized(plan: WindowPlan):
         # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
         check_ties = plan.dtype.kind not in "iu"
         kind = columns.column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1])
-        special = (EntryPoint(columns.column_units, (*kind, rank >= 3, check_ties)),
+        special = (EntryPoint(columns.column_units, (*kind, check_ties)),
                    (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]))
     plan.launches["special"] = special
     return special

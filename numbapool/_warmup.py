@@ -43,9 +43,9 @@ def _windows():
     the rank-generic ones (a padded 3x3 window; MaxPool without Indices takes them over one
     axis; AveragePool's windows of another width come with the columns' below), each of
     fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels (columns.column_units),
-    one per kind of last-axis window, over two and three spatial axes (3-high windows: a
-    2x2 one would take a fixed window's kernel). LpPool compiles per kind of p (|x|,
-    x ** 2, |x| ** 3, any other p): each kind in the generic and the fixed windows."""
+    one per kind of last-axis window (3-high windows: a 2x2 one would take a fixed window's
+    kernel). LpPool compiles per kind of p (|x|, x ** 2, |x| ** 3, any other p): each kind
+    in the generic and the fixed windows."""
     from ._kernels import columns, fixed
 
     every_p = (1, 2, 3, 0.5)
@@ -56,8 +56,7 @@ def _windows():
         yield kernel, [1] * (len(kernel) - 1) + [step], None, every_p
     for width, step in columns.COLUMN_KINDS:
         width, step = width or 4, step or 1  # (0, 0): a window outside COLUMN_WINDOWS
-        for rank in (2, 3):
-            yield [3] * (rank - 1) + [width], [1] * (rank - 1) + [step], None, (2,)
+        yield [3, width], [1, step], None, (2,)
 
 
 WINDOWED = ("MaxPool", "AveragePool", "LpPool")
