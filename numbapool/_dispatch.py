@@ -34,7 +34,6 @@ _INF_BITS = {np.dtype(np.float16): 0x7C00, BFLOAT16: 0x7F80, np.dtype(np.float32
              np.dtype(np.float64): 0x7FF0000000000000}
 
 # The rank-generic kernels' entry points (the specialized ones: _specialized)
-_MAX_POOL = EntryPoint(maxima.max_pool_units)
 _MAX_POOL_WITH_INDICES = EntryPoint(maxima.max_pool_units_with_indices)
 # the summing kernel per kind of p (_p_kind), AveragePool's also for windows 3 taps wide
 _SUM_POOLS = {(p_kind, three_taps): EntryPoint(sums.sum_pool_units, (p_kind, three_taps))
@@ -98,7 +97,7 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
     if plan.op == "MaxPool":
         indices_arguments = (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"],
                              g["tap_outputs"], g["lead_rows"], block, slots)
-        entry, arguments = _MAX_POOL, indices_arguments
+        entry = arguments = None  # without Indices: a specialized kernel (_specialized)
     else:  # AveragePool is the p_kind 0 of the summing kernel
         p_kind = _p_kind(plan.op, plan.p)
         entry = _SUM_POOLS[p_kind, p_kind == 0 and _three_taps(plan)]
@@ -242,8 +241,8 @@ def _specialized(plan: WindowPlan):
     """(serial entry point, its arguments but the block and its kinds) for a call without Indices
     that a specialized kernel serves, else None; kept on the plan, so that a repeated call
     does no work here. Measured faster than the rank-generic kernels (docs/performance.md):
-    a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool, LpPool), else, for MaxPool over two or
-    more spatial axes, the input-rows-first columns.column_units for its kind."""
+    a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool, LpPool), else, for every other
+    MaxPool, the input-rows-first columns.column_units for its kind."""
     try:
         return plan.launches["special"]
     except KeyError:
@@ -264,7 +263,7 @@ def _specialized(plan: WindowPlan):
             special = (sum_units[_p_kind(plan.op, plan.p)],
                        (float(plan.p), _sum_zero(plan), g["axes"], g["taps"], g["tap_offsets"],
                         g["divisor_counts"]))
-    elif plan.op == "MaxPool" and rank >= 2:
+    elif plan.op == "MaxPool":
         # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
         check_ties = plan.dtype.kind not in "iu"
         kind = columns.column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1])

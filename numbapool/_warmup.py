@@ -40,8 +40,8 @@ def _choose(what: str, given, known: dict) -> list:
 
 def _windows():
     """(kernel_shape, strides, pads, LpPool's values of p) reaching every windowed kernel:
-    the rank-generic ones (a padded 3x3 window; MaxPool without Indices takes them over one
-    axis; AveragePool's windows of another width come with the columns' below), each of
+    the rank-generic ones (a padded 3x3 window; AveragePool's windows of another width come
+    with the columns' below), each of
     fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels (columns.column_units),
     one per kind of last-axis window (3-high windows: a 2x2 one would take a fixed window's
     kernel). LpPool compiles per kind of p (|x|, x ** 2, |x| ** 3, any other p): each kind
@@ -50,7 +50,6 @@ def _windows():
 
     every_p = (1, 2, 3, 0.5)
     yield [3, 3], [1, 1], [1, 1, 1, 1], every_p
-    yield [3], [1], [1, 1], (2,)
     for depth, height, width, step in fixed.FIXED_WINDOWS:
         kernel = [height, width] if depth == 1 else [depth, height, width]
         yield kernel, [1] * (len(kernel) - 1) + [step], None, every_p

@@ -120,7 +120,7 @@ def test_warmup_reaches_every_windowed_kernel():
               "numbapool.warmup(['MaxPool', 'AveragePool', 'LpPool'], ['float32'],\n"
               "                 progress=False)\n"
               "from numbapool._kernels import parallel\n"
-              "kernels = [maxima.max_pool_units, parallel.run_in_parallel]\n"
+              "kernels = [maxima.max_pool_units_with_indices, parallel.run_in_parallel]\n"
               "missing = sorted(k.py_func.__name__ for k in kernels if not k.signatures)\n"
               "# a kernel specialized per kind: a signature ending with each kind's literals\n"
               "from numbapool._kernels.entry import EntryPoint\n"

@@ -204,7 +204,7 @@ _SAVE_SCRIPT = """
 import sys, time
 from numbapool import _cache
 from numbapool._kernels import maxima
-index = _cache.locked_cache(maxima.max_pool_units.py_func)._cache_file
+index = _cache.locked_cache(maxima.max_pool_units_with_indices.py_func)._cache_file
 process, start, count = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 while time.time() < start:
     pass

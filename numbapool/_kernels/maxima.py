@@ -1,7 +1,7 @@
-"""MaxPool over any window, any number of axes, with or without Indices (the generic kernel).
+"""MaxPool with Indices over any window, any number of axes (the generic kernel).
 
-_dispatch chooses it for MaxPool with Indices and for MaxPool over one spatial axis; the
-other MaxPool calls take fixed.py or columns.py, whose results are the same bit for bit.
+_dispatch chooses it for every MaxPool with Indices; MaxPool without them takes fixed.py or
+columns.py, whose results are the same bit for bit.
 
 A window's first maximum in row-major order is the first maximum over its input rows of
 each row's first maximum along the last axis. Each unit runs taps outer, outputs inner: for
@@ -104,46 +104,23 @@ def start_maxima(target, target_taps, base, count, lowest):
 def max_over_last_axis(source, row_start, first, end, step, target, target_taps, base, axes,
                        tap_outputs, tap_offsets, k_last, tap_base):
     """Fold the last-axis taps of one input row, numbered from ``tap_base``, into
-    target[base + j] for output first + j."""
+    target[base + j] for output first + j, and the winning taps into ``target_taps``."""
     for kw in range(k_last):
         begin, count, offset = tap_run(kw, first, end, tap_outputs, row_start, axes, tap_offsets)
-        # an argument tested against None: numba drops the other branch before inlining
-        if target_taps is None:
-            max_run(source, offset, step, target, base + begin, count)
-        else:
-            max_run_with_taps(source, offset, step, target, target_taps, tap_base + kw,
-                              base + begin, count)
+        max_run_with_taps(source, offset, step, target, target_taps, tap_base + kw,
+                          base + begin, count)
 
 
 # The loops live in plain functions that the parallel driver calls: inside numba's
 # parallel region they optimize (and vectorize) far worse.
 @kernel()
-def max_pool_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, tap_outputs,
-                   lead_rows, block, slots):
+def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, index_offsets, lowest,
+                                axes, taps, tap_offsets, tap_outputs, lead_rows, block, slots):
     """Max over each window; the first NaN wins, ties go to the first maximum in the scan.
     ``y`` receives the winning element itself (bit for bit), or ``lowest`` for a window
-    with no tap inside the input."""
-    _max_pool_units(unit_begin, unit_end, x, y, None, None, None, None, lowest, axes, taps,
-                    tap_offsets, tap_outputs, lead_rows, block, slots)
-
-
-@kernel()
-def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, tap_index_offsets, lowest,
-                                axes, taps, tap_offsets, tap_outputs, lead_rows, block, slots):
-    """max_pool_units, and in ``indices`` the winner's offset in the whole input, numbered
-    with the index strides, or -1: its window start's number plus its tap's entry in
-    ``tap_index_offsets`` (the plan's)."""
-    _max_pool_units(unit_begin, unit_end, x, y, indices, tap_index_offsets,
-                    np.empty(block, np.int64), np.empty(max(slots, 1) * block, np.int64), lowest,
-                    axes, taps, tap_offsets, tap_outputs, lead_rows, block, slots)
-
-
-@njit(inline="always")
-def _max_pool_units(unit_begin, unit_end, x, y, indices, index_offsets, best_taps, row_taps,
-                    lowest, axes, taps, tap_offsets, tap_outputs, lead_rows, block, slots):
-    """The body of both: ``indices``, ``index_offsets`` (the plan's tap_index_offsets),
-    ``best_taps`` and ``row_taps`` are all None or all arrays, known when numba compiles,
-    so each case gets loops of its own.
+    with no tap inside the input; ``indices`` the winner's offset in the whole input,
+    numbered with the index strides, or -1: its window start's number plus its tap's entry
+    in ``index_offsets`` (the plan's tap_index_offsets).
 
     A window's first maximum in row-major order is the first maximum over its rows of
     each row's first maximum along the last axis: rows come first in that order. So each
@@ -161,7 +138,9 @@ def _max_pool_units(unit_begin, unit_end, x, y, indices, index_offsets, best_tap
     lead_count = taps.shape[0] // k_last
     starts = np.empty(rank, np.int64)
     best = np.empty(block, x.dtype)
+    best_taps = np.empty(block, np.int64)
     rows = np.empty(max(slots, 1) * block, x.dtype)
+    row_taps = np.empty(max(slots, 1) * block, np.int64)
     keys = np.full(max(slots, 1), -1, np.int64)
     # flat views, made once: a view per row costs reference counting in the hot loop
     source = x.reshape(x.size)
@@ -192,28 +171,22 @@ def _max_pool_units(unit_begin, unit_end, x, y, indices, index_offsets, best_tap
                 max_over_last_axis(source, row_offset + tap_offsets[tap], first, end, step,
                                    rows, row_taps, base, axes, tap_outputs, tap_offsets,
                                    k_last, np.int64(0))
-            if best_taps is None:
-                for j in range(end - first):
-                    best[j] = fold_max(best[j], rows[base + np.uint64(j)])
-            else:
-                for j in range(end - first):
-                    value = rows[base + np.uint64(j)]
-                    found = row_taps[base + np.uint64(j)]
-                    take = (found >= 0) & (
-                        (best_taps[j] < 0) | (not keeps(decode(best[j]), decode(value))))
-                    best[j] = value if take else best[j]
-                    best_taps[j] = tap + found if take else best_taps[j]
+            for j in range(end - first):
+                value = rows[base + np.uint64(j)]
+                found = row_taps[base + np.uint64(j)]
+                take = (found >= 0) & (
+                    (best_taps[j] < 0) | (not keeps(decode(best[j]), decode(value))))
+                best[j] = value if take else best[j]
+                best_taps[j] = tap + found if take else best_taps[j]
         out_begin = np.uint64(nc * y.shape[1] + row + first)
         for j in range(end - first):
             out[out_begin + np.uint64(j)] = best[j]
-        if indices is not None:
-            starts[last] = first * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
-            at = window_index(nc, channel_size, starts, axes)
-            at_step = axes[AXIS_STRIDE, last] * axes[AXIS_INDEX_STRIDE, last]
-            for j in range(end - first):
-                tap = best_taps[j]
-                indices[nc, row + first + j] = (
-                    -1 if tap < 0 else at + j * at_step + index_offsets[tap])
+        starts[last] = first * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
+        at = window_index(nc, channel_size, starts, axes)
+        at_step = axes[AXIS_STRIDE, last] * axes[AXIS_INDEX_STRIDE, last]
+        for j in range(end - first):
+            tap = best_taps[j]
+            indices[nc, row + first + j] = -1 if tap < 0 else at + j * at_step + index_offsets[tap]
 
 
 @njit(inline="always")
