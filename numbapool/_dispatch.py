@@ -211,30 +211,33 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     return (y, indices) if return_indices else y
 
 
-# Inputs larger than this wait for their parallel driver's compile (0.3 to 0.5 s) instead
-# of running on the calling thread meanwhile, which would take about as long or longer
-_WAIT_FOR_DRIVER = 1 << 26
+# A first call whose parallel driver compiles in the background runs its units on the
+# calling thread in this many pieces at most, asking after each whether the driver is ready
+_SERIAL_PIECES = 64
 
 
 def _drive(function, address, units, chunks, threads, entry, arguments, compiled: dict,
            key) -> None:
     """The parallel driver over the entry point ``function`` at ``address``, kept in
-    ``compiled[key]`` once compiled for these arguments' types; while it compiles in the
-    background (parallel.ready_driver), ``function`` runs the units on this thread, unless
-    the input is larger than _WAIT_FOR_DRIVER elements. The entry point's inputs are
+    ``compiled[key]`` once compiled for these arguments' types. While it compiles in the
+    background (parallel.ready_driver), ``function`` runs the units on this thread, a piece
+    at a time; the driver, once ready, takes the units left. The entry point's inputs are
     compiled read-only (entry.py), and the driver passes them on as it types them: they go
     read-only. They are views of numbapool's own (reshaped), so the caller's arrays keep
     their flags."""
     for array in arguments[:entry.inputs]:
         array.flags.writeable = False
     driver = compiled.get(key)
+    done = 0
     if driver is None:
-        driver = parallel.ready_driver(arguments, wait=arguments[0].size > _WAIT_FOR_DRIVER)
-        if driver is None:
-            function(0, units, *arguments)
-            return
+        piece = -(-units // _SERIAL_PIECES)
+        while (driver := parallel.ready_driver(arguments)) is None:
+            function(done, min(units, done + piece), *arguments)
+            done += piece
+            if done >= units:
+                return
         compiled[key] = driver
-    driver(address, units, chunks, threads, arguments)
+    driver(address, done, units, chunks, threads, arguments)
 
 
 def _specialized(plan: WindowPlan):

@@ -146,19 +146,30 @@ _DRIVER_IN_BACKGROUND = _RECORDER + """
 import sys
 import numpy as np
 import numbapool
-from numbapool import _dispatch
 from numbapool._kernels import parallel
 
-if sys.argv[1:] == ["large"]:  # every input counts as one too large to run serially
-    _dispatch._WAIT_FOR_DRIVER = 0
+asked = []
+if sys.argv[1:] == ["handover"]:  # the driver is ready once a first piece has run serially
+    ready_driver = parallel.ready_driver
+
+    def ready_after_a_piece(arguments):
+        asked.append(arguments[0].shape)
+        if len(asked) > 1:
+            parallel.wait_for_drivers()
+        return ready_driver(arguments)
+
+    parallel.ready_driver = ready_after_a_piece
 x = np.random.default_rng(0).standard_normal((2, 16, 96, 96)).astype(np.float32)
 first = numbapool.max_pool(x, [3, 3], strides=[2, 2])
 compiling = [not future.done() for future in parallel._compiles.values()]
 drivers_at_once = len(parallel.run_in_parallel.overloads)
 parallel.wait_for_drivers()
 through_driver = numbapool.max_pool(x, [3, 3], strides=[2, 2])
-print(json.dumps({"compiling": compiling, "drivers": drivers_at_once,
-                  "same": bool(np.array_equal(first, through_driver)),
+with numbapool.threads(1):
+    serial = numbapool.max_pool(x, [3, 3], strides=[2, 2])
+print(json.dumps({"compiling": compiling, "drivers": drivers_at_once, "asked": len(asked),
+                  "same": bool(np.array_equal(first, through_driver)
+                               and np.array_equal(first, serial)),
                   "compiled": sorted({name for name, _ in compiled})}))
 """
 
@@ -179,15 +190,17 @@ def test_a_first_call_leaves_its_driver_to_a_background_compile(tmp_path):
     first = _run_driver_script(tmp_path)
     assert first["compiling"] == [True] and first["drivers"] == 0 and first["same"]
     assert "run_in_parallel" in first["compiled"]
-    assert _run_driver_script(tmp_path) == {"compiling": [], "drivers": 1, "same": True,
-                                            "compiled": []}
+    assert _run_driver_script(tmp_path) == {"compiling": [], "drivers": 1, "asked": 0,
+                                            "same": True, "compiled": []}
 
 
-def test_a_large_first_call_waits_for_its_driver(tmp_path):
-    """An input too large to run serially meanwhile compiles its driver before the call."""
-    first = _run_driver_script(tmp_path, "large")
-    assert first["compiling"] == [] and first["drivers"] == 1 and first["same"]
-    assert "run_in_parallel" in first["compiled"]
+def test_a_first_call_hands_the_units_left_to_its_driver_once_compiled(tmp_path):
+    """A first call runs its units on the calling thread a piece at a time while its
+    driver compiles; once the driver is ready, it runs the rest: here after one piece.
+    Every unit runs once: the result is the serial one (np.empty would show a gap)."""
+    first = _run_driver_script(tmp_path, "handover")
+    assert first["asked"] == 2 and first["compiling"] == [False] and first["drivers"] == 1
+    assert first["same"] and "run_in_parallel" in first["compiled"]
 
 
 def test_a_call_at_interpreter_exit_compiles_its_driver_in_place(tmp_path):

@@ -9,8 +9,9 @@ the kernel's loops compile once.
 
 A driver that is neither compiled in this process nor in the disk cache compiles on a
 thread of its own (``ready_driver``), while the call that needed it runs its units on the
-calling thread: a first call then costs the kernel's compile, not the driver's as well
-(0.3 to 0.5 s), and a later call picks the driver up. The thread is not a daemon: a
+calling thread, a piece at a time, until the driver is ready, which then runs the units
+left: a first call then costs the kernel's compile, not the driver's as well (0.3 to
+0.5 s), whatever its size. The thread is not a daemon: a
 process waits for it at exit, so that the driver reaches the disk cache.
 """
 
@@ -53,18 +54,19 @@ def _call_units(typingctx, address, unit_begin, unit_end, arguments):
 
 
 @kernel(parallel=True)
-def run_in_parallel(address, units, chunks, threads, arguments):
-    """Units [0, units) of the serial entry point at ``address`` (compiled for (int64,
-    int64, *the types of ``arguments``)), in ``chunks`` runs on ``threads`` threads."""
+def run_in_parallel(address, first_unit, units, chunks, threads, arguments):
+    """Units [first_unit, units) of the serial entry point at ``address`` (compiled for
+    (int64, int64, *the types of ``arguments``)), in ``chunks`` runs on ``threads``
+    threads."""
     before = use_threads(threads)
     for chunk in prange(chunks):
-        unit_begin, unit_end = chunk_units(chunk, chunks, units)
-        _call_units(address, unit_begin, unit_end, arguments)
+        unit_begin, unit_end = chunk_units(chunk, chunks, units - first_unit)
+        _call_units(address, first_unit + unit_begin, first_unit + unit_end, arguments)
     use_threads(before)
 
 
 def _signature(arguments: tuple) -> tuple:
-    return (types.int64,) * 4 + (run_in_parallel.typeof_pyval(arguments),)
+    return (types.int64,) * 5 + (run_in_parallel.typeof_pyval(arguments),)
 
 
 def _compile(signature: tuple):
@@ -90,11 +92,11 @@ def _compile_into(future: Future, signature: tuple) -> None:
         future.set_exception(error)
 
 
-def ready_driver(arguments: tuple, wait: bool = False):
+def ready_driver(arguments: tuple):
     """run_in_parallel for ``arguments`` (their inputs already read-only) and int64 address
     and counts, compiled (_compile), if it needs no compile (compiled already, or in the disk
-    cache: loaded now) or if ``wait``; otherwise None, its compile started on a thread of
-    its own (once per signature), and its result returned by a call once it is done.
+    cache: loaded now); otherwise None, its compile started on a thread of its own (once
+    per signature), and its result returned by a call once it is done.
 
     The thread is not a daemon, so that a process waits for it at exit (and the driver
     reaches the disk cache), and it ends with its compile: no thread stays behind, which
@@ -104,7 +106,7 @@ def ready_driver(arguments: tuple, wait: bool = False):
         future = _compiles.get(signature)
         if future is None:
             cache = getattr(run_in_parallel, "_cache", None)
-            if (wait or not COMPILE_IN_BACKGROUND or signature in run_in_parallel.overloads
+            if (not COMPILE_IN_BACKGROUND or signature in run_in_parallel.overloads
                     or (hasattr(cache, "holds") and cache.holds(signature,
                                                                 run_in_parallel.targetctx))):
                 return _compile(signature)
@@ -115,7 +117,7 @@ def ready_driver(arguments: tuple, wait: bool = False):
             except RuntimeError:  # the interpreter is shutting down: no new threads
                 return _compile(signature)
             _compiles[signature] = future
-    return future.result() if wait or future.done() else None
+    return future.result() if future.done() else None
 
 
 def _started() -> list:
