@@ -17,6 +17,8 @@ from llvmlite import ir
 from numba import types
 from numba.core.extending import intrinsic, overload
 
+from .scratch import empty
+
 
 @intrinsic
 def _half_bits_to_float32(typingctx, bits):
@@ -173,5 +175,5 @@ def accumulator_array(size, like):
 @overload(accumulator_array, inline="always")
 def _accumulator_array_overload(size, like):
     if _accumulates_in_float64(like):
-        return lambda size, like: np.empty(size, np.float64)
-    return lambda size, like: np.empty(size, np.float32)
+        return lambda size, like: empty(size, np.float64)
+    return lambda size, like: empty(size, np.float32)

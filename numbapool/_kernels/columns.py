@@ -16,6 +16,7 @@ from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INPUT_STRIDE, AXI
                      AXIS_PAD_BEGIN, AXIS_STRIDE)
 from . import kernel
 from .codec import decode
+from .scratch import empty, full
 from .units import first_unit_row, tap_is_inside, unit_row
 from .maxima import border_max, fold_max_function, max_run, start_maxima
 
@@ -130,8 +131,8 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     in_last = axes[AXIS_IN, last]
     k_last = taps[taps.shape[0] - 1, last] + 1
     lead_count = taps.shape[0] // k_last
-    columns = np.empty((block - 1) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last], x.dtype)
-    row_starts = np.empty(lead_count, np.int64)
+    columns = empty((block - 1) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last], x.dtype)
+    row_starts = empty(lead_count, np.int64)
     starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
     # Three or more axes: the window's taps along the axes before the last two are first
     # folded over whole input planes (one long loop per plane), once per run of units that
@@ -144,10 +145,10 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     plane_units = axes[AXIS_OUT, height] * ((axes[AXIS_OUT, last] + block - 1) // block)
     planes = (height > 0 and plane_size <= PLANE_ELEMENTS
               and unit_end - unit_begin >= 4 * plane_units)
-    plane = np.empty(plane_size if planes else 0, x.dtype)
+    plane = empty(plane_size if planes else 0, x.dtype)
     # the plane's key and whether it is empty, in memory: as values carried from unit to
     # unit, they made the loop over two axes up to 1.15x slower
-    plane_state = np.full(2, -1, np.int64)
+    plane_state = full(2, -1, np.int64)
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = unit_row(
             unit, unit_begin, nc, positions, starts, axes, block, x, y)

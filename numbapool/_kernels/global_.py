@@ -17,6 +17,7 @@ from numba import njit
 
 from .codec import decode, encode, float32_bits
 from .prefetch import prefetch_ahead
+from .scratch import empty
 from . import kernel
 from .entry import EntryPoint
 from .maxima import fold_max
@@ -216,7 +217,7 @@ def reordered_units(begin, end, x, y, p, p_kind):
     inverse = 1.0 / count
     short = x.shape[1] <= SHORT_CHANNEL
     per_block = min(GROUP, PIECE // x.shape[1]) if short else 1
-    totals = np.empty(per_block, np.float64)
+    totals = empty(per_block, np.float64)
     magnitudes = 0.0
     for first in range(begin, end, per_block):
         channels = min(per_block, end - first)
@@ -267,7 +268,7 @@ def global_sum_units(begin, end, x, y, p, p_kind):
         return reordered_units(begin, end, x, y, p, p_kind)
     flat = x.reshape(x.size)
     size = np.uint64(x.shape[1])
-    totals = np.empty(GROUP, np.float64)
+    totals = empty(GROUP, np.float64)
     for first in range(begin, end, GROUP):
         count = min(GROUP, end - first)
         base = np.uint64(first) * size

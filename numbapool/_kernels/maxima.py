@@ -19,6 +19,7 @@ from .._plan import (AXIS_DILATION, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_OUT, AXIS_P
                      AXIS_STRIDE)
 from . import kernel
 from .codec import decode
+from .scratch import empty, full
 from .units import (first_input_row, first_unit, input_row_strides, next_unit,
                     place_row, row_slot, tap_is_inside, tap_run, window_index)
 
@@ -136,16 +137,16 @@ def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, index_offse
     row_strides = input_row_strides(axes)
     k_last = taps[taps.shape[0] - 1, last] + 1
     lead_count = taps.shape[0] // k_last
-    starts = np.empty(rank, np.int64)
-    best = np.empty(block, x.dtype)
-    best_taps = np.empty(block, np.int64)
-    rows = np.empty(max(slots, 1) * block, x.dtype)
-    row_taps = np.empty(max(slots, 1) * block, np.int64)
-    keys = np.full(max(slots, 1), -1, np.int64)
+    starts = empty(rank, np.int64)
+    best = empty(block, x.dtype)
+    best_taps = empty(block, np.int64)
+    rows = empty(max(slots, 1) * block, x.dtype)
+    row_taps = empty(max(slots, 1) * block, np.int64)
+    keys = full(max(slots, 1), -1, np.int64)
     # flat views, made once: a view per row costs reference counting in the hot loop
     source = x.reshape(x.size)
     out = y.reshape(y.size)
-    positions = np.empty(rank, np.int64)
+    positions = empty(rank, np.int64)
     nc = first_unit(unit_begin, axes, block, positions)
     for unit in range(unit_begin, unit_end):
         if unit > unit_begin:

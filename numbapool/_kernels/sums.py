@@ -16,6 +16,7 @@ from .._plan import AXIS_DILATION, AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRID
 from . import kernel
 from .codec import (accumulator_array, as_accumulator, decode, encode, float64_bits,
                     float64_from_bits)
+from .scratch import empty, full
 from .units import (first_input_row, first_unit, input_row_strides, interior_outputs,
                     interior_span, next_unit, place_row, row_slot, tap_is_inside, tap_run)
 
@@ -302,15 +303,15 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
     # AveragePool windows of three input rows add them in _three_row_means, once all three
     # are cached: only when the rows cannot share a slot (they span fewer rows than slots)
     defer = p_kind == 0 and lead_count == 3 and lead_rows[2] - lead_rows[0] < slots
-    starts = np.empty(rank, np.int64)
+    starts = empty(rank, np.int64)
     totals = accumulator_array(block, zero)
     rows = accumulator_array(slots * block, zero)
-    keys = np.full(slots, -1, np.int64)
-    row_bases = np.empty(lead_count, np.int64)
+    keys = full(slots, -1, np.int64)
+    row_bases = empty(lead_count, np.int64)
     # flat views, made once: a view per row costs reference counting in the hot loop
     source = x.reshape(x.size)
     out = y.reshape(y.size)
-    positions = np.empty(rank, np.int64)
+    positions = empty(rank, np.int64)
     nc = first_unit(unit_begin, axes, block, positions)
     for unit in range(unit_begin, unit_end):
         if unit > unit_begin:

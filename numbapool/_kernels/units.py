@@ -18,6 +18,7 @@ from numba import njit
 
 from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_INPUT_STRIDE,
                      AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE)
+from .scratch import empty
 
 
 @njit(inline="always")
@@ -138,7 +139,7 @@ def input_row_strides(axes):
     """Per leading axis, how many input rows one step along it spans; with these a unit's
     first input row is found without a division (``first_input_row``)."""
     last = axes.shape[1] - 1
-    strides = np.empty(max(last, 1), np.int64)
+    strides = empty(max(last, 1), np.int64)
     for axis in range(last):
         strides[axis] = axes[AXIS_INPUT_STRIDE, axis] // axes[AXIS_IN, last]
     return strides
@@ -177,8 +178,8 @@ def interior_span(first, end, interior):
 def first_unit_row(unit_begin, axes, block, x, y):
     """A run's scratch and first unit: (window starts, unit positions, flat input, flat
     output, nc of ``unit_begin``); ``unit_row`` then steps from unit to unit."""
-    starts = np.empty(axes.shape[1], np.int64)
-    positions = np.empty(axes.shape[1], np.int64)
+    starts = empty(axes.shape[1], np.int64)
+    positions = empty(axes.shape[1], np.int64)
     nc = first_unit(unit_begin, axes, block, positions)
     return starts, positions, x.reshape(x.size), y.reshape(y.size), nc
 
