@@ -4,9 +4,10 @@ _dispatch chooses it for MaxPool without Indices but the fixed windows, over any
 spatial axes. A window's input rows are folded element by element into one row of column
 maxima (contiguous loads, which vectorize), then the last-axis taps are taken once per output
 row; with three or more axes, the outer axes' taps are first folded over whole input planes.
-Over one axis the row is the input row, copied. It took the resnet stem from 1.40x to 0.75x and the 3-d case from 3.33x to 0.87x of
-onnxruntime's time. Zeros and NaNs, where a column-major scan could pick another bit pattern
-than the row-major one, are taken again in row-major order: results are the same bit for bit.
+Over one axis the row is the input row, copied. It took the resnet stem from 1.40x to 0.75x
+and the 3-d case from 3.33x to 0.87x of onnxruntime's time. Zeros and NaNs, where a
+column-major scan could pick another bit pattern than the row-major one, are taken again in
+row-major order: results are the same bit for bit.
 """
 
 import numpy as np
