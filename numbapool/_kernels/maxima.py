@@ -45,7 +45,8 @@ fold_max_function = njit(forceinline=True, nogil=True)(fold_max.py_func)
 
 @njit(inline="always")
 def fold_max_run(source, offset, step, best, begin, count):
-    # fold_max written out: calling it here made a 1-D float16 MaxPool 5% slower
+    # fold_max written out: calling it here made the columns kernel's 5x5 float16 MaxPool
+    # 1.2x slower (A/B, 25 rounds, both orders)
     for j in range(count):
         value = source[offset + np.uint64(j) * step]
         kept = best[begin + np.uint64(j)]
