@@ -252,27 +252,41 @@ def mean_at(total, leading, divisor_counts, o, zero, y):
 
 
 @njit(inline="always")
-def _three_row_means(rows, row_bases, out, out_begin, first, count, divisor_counts, positions,
-                     zero, y):
+def divisor_row(row_divisors, leading, divisor_counts, zero):
+    """row_divisors[o] = AveragePool's divisor of output o along the last axis in a row
+    whose leading axes' tap counts multiply to ``leading``, as mean_at takes it
+    (max(divisor, 1), in the type of ``zero``)."""
+    last = np.uint64(divisor_counts.shape[0] - 1)
+    for o in range(row_divisors.shape[0]):
+        row_divisors[o] = as_accumulator(max(leading * divisor_counts[last, np.uint64(o)], 1),
+                                         zero)
+
+
+# The two loops below divide by row_divisors (divisor_row), not by the int64 table's product
+# converted per output (mean_at), with which the three-row loop ran 8 floats wide, not 16.
+# An output with no tap inside sums to zero and its divisor is 1: it gives 0, as in mean_at.
+# numba's "numpy" error model: the divisors are at least 1, and its check for a division by
+# zero kept the loop scalar. _three_row_means is compiled once per kernel for LLVM to inline.
+@njit(forceinline=True, nogil=True, error_model="numpy")
+def _three_row_means(rows, row_bases, out, out_begin, first, count, row_divisors, zero, y):
     """AveragePool outputs of a window with three input rows: the cached row sums added in
     order to a zero, as the totals are, then divided."""
-    leading = leading_divisor(divisor_counts, positions, divisor_counts.shape[0] - 1)
     row0, row1, row2 = (np.uint64(row_bases[0]), np.uint64(row_bases[1]),
                         np.uint64(row_bases[2]))
     for j in range(count):
         k = np.uint64(j)
         total = ((zero + rows[row0 + k]) + rows[row1 + k]) + rows[row2 + k]
-        out[out_begin + k] = mean_at(total, leading, divisor_counts, first + j, zero, y)
+        out[out_begin + k] = encode(total / row_divisors[np.uint64(first + j)], y)
 
 
-@kernel()  # not inlined: in sum_pool_units, once its kind's branches alone were left,
-# this loop made a generic AveragePool 4x4 1.1x slower
-def store_means(totals, out, out_begin, count, first, leading, divisor_counts, zero, y):
+@kernel(error_model="numpy")  # not inlined: in sum_pool_units, once its kind's branches
+# alone were left, this loop made a generic AveragePool 4x4 1.1x slower
+def store_means(totals, out, out_begin, count, first, row_divisors, y):
     """out[out_begin + j] = AveragePool's output first + j of a row from its window sum
-    totals[j], ``leading`` the product of the tap counts over the leading axes."""
+    totals[j]."""
     for j in range(count):
-        out[out_begin + np.uint64(j)] = mean_at(totals[j], leading, divisor_counts, first + j,
-                                                zero, y)
+        out[out_begin + np.uint64(j)] = encode(totals[j] / row_divisors[np.uint64(first + j)],
+                                               y)
 
 
 # The kinds arrive as literal arguments (entry.py): each compiles its own branches only
@@ -303,6 +317,10 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
     # AveragePool windows of three input rows add them in _three_row_means, once all three
     # are cached: only when the rows cannot share a slot (they span fewer rows than slots)
     defer = p_kind == 0 and lead_count == 3 and lead_rows[2] - lead_rows[0] < slots
+    # AveragePool's divisors along the last axis, for the leading axes' product of counts
+    # they were made for: remade where that product changes (the edges of the leading axes)
+    row_divisors = accumulator_array(out_last if p_kind == 0 else 0, zero)
+    divisors_leading = -1
     starts = empty(rank, np.int64)
     totals = accumulator_array(block, zero)
     rows = accumulator_array(slots * block, zero)
@@ -318,6 +336,7 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
             nc = next_unit(positions, nc, axes, block)
         first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
         row_offset += nc * x.shape[1]
+        all_rows = False  # a window of three cached input rows, all inside: added when divided
         if (lead_count == 1 and not three_taps
                 and (row_inside or tap_is_inside(0, taps, starts, axes, last))):
             # one input row per window: no rows to add up (three-tap rows take the path
@@ -351,11 +370,8 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
                 if not defer:
                     for j in range(end - first):
                         totals[j] += rows[base + np.uint64(j)]
-            if defer and inside_rows == 3:
-                _three_row_means(rows, row_bases, out, np.uint64(nc * y.shape[1] + row + first),
-                                 first, end - first, divisor_counts, positions, zero, y)
-                continue
-            if defer:  # a window at the edge: fewer rows
+            all_rows = defer and inside_rows == 3
+            if defer and not all_rows:  # a window at the edge: fewer rows
                 for j in range(end - first):
                     totals[j] = zero
                 for r in range(inside_rows):
@@ -363,9 +379,15 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
                         totals[j] += rows[np.uint64(row_bases[r]) + np.uint64(j)]
         out_begin = np.uint64(nc * y.shape[1] + row + first)
         if p_kind == 0:
-            store_means(totals, out, out_begin, end - first, first,
-                        leading_divisor(divisor_counts, positions, last), divisor_counts,
-                        zero, y)
+            leading = leading_divisor(divisor_counts, positions, last)
+            if leading != divisors_leading:
+                divisor_row(row_divisors, leading, divisor_counts, zero)
+                divisors_leading = leading
+            if all_rows:
+                _three_row_means(rows, row_bases, out, out_begin, first, end - first,
+                                 row_divisors, zero, y)
+            else:
+                store_means(totals, out, out_begin, end - first, first, row_divisors, y)
         elif p_kind == 2:  # the common norm gets a loop with its kind a constant
             for j in range(end - first):
                 out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, 2), y)
