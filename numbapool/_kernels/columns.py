@@ -92,6 +92,25 @@ def _column_windows(columns, target, base, count, width, step):
         target[base + np.uint64(j)] = value
 
 
+@njit(inline="always")
+def _three_wide_step_two_windows(columns, pairs, evens, target, base, count):
+    """_column_windows for 3 taps at step 2: the maximum of each window's first two taps
+    (a pair of columns) into ``pairs`` and its first tap into ``evens``, then each window
+    from its pair and the next window's first tap, so that every load is of pairs or
+    contiguous. Taken in one loop, the three taps loaded the first one element by element
+    (LLVM took the second and third as a pair, and gathered the first). ``evens`` holds
+    count + 1 elements."""
+    for j in range(count):
+        k = np.uint64(j)
+        first = columns[np.uint64(2) * k]
+        evens[k] = first
+        pairs[k] = fold_max_function(first, columns[np.uint64(2) * k + np.uint64(1)])
+    evens[np.uint64(count)] = columns[np.uint64(2 * count)]
+    for j in range(count):
+        k = np.uint64(j)
+        target[base + k] = fold_max_function(pairs[k], evens[k + np.uint64(1)])
+
+
 # Last-axis windows (width, step), undilated, whose taps column_units takes in one loop
 # body; other windows (0, 0) take theirs one run at a time, in a loop of its own for steps 1
 # and 2, which vectorizes.
@@ -134,6 +153,9 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     lead_count = taps.shape[0] // k_last
     columns = empty((block - 1) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last], x.dtype)
     row_starts = empty(lead_count, np.int64)
+    # scratch of _three_wide_step_two_windows (unused by the other kinds)
+    pairs = empty(block, x.dtype)
+    evens = empty(block + 1, x.dtype)
     starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
     # Three or more axes: the window's taps along the axes before the last two are first
     # folded over whole input planes (one long loop per plane), once per run of units that
@@ -190,7 +212,12 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
             columns[np.uint64(i)] = lowest
         count = end - first
         out_begin = np.uint64(out_first + first)
-        if window_width:
+        # 3 taps at step 2 by pairs for float dtypes (check_ties) only: int8 and uint8 ran
+        # 1.1x faster in one loop body. Tested on the literals themselves, so that numba
+        # drops the branch a kind does not take.
+        if window_width == 3 and window_step == 2 and check_ties:
+            _three_wide_step_two_windows(columns, pairs, evens, out, out_begin, count)
+        elif window_width:
             _column_windows(columns, out, out_begin, count, window_width,
                             np.uint64(window_step))
         else:
