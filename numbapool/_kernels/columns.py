@@ -17,6 +17,7 @@ from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INPUT_STRIDE, AXI
                      AXIS_PAD_BEGIN, AXIS_STRIDE)
 from . import kernel
 from .codec import decode
+from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead
 from .scratch import empty, full
 from .units import first_unit_row, tap_is_inside, unit_row
 from .maxima import border_max, fold_max_function, max_run, start_maxima
@@ -172,6 +173,7 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     # the plane's key and whether it is empty, in memory: as values carried from unit to
     # unit, they made the loop over two axes up to 1.15x slower
     plane_state = full(2, -1, np.int64)
+    prefetching = x.size * x.itemsize >= PREFETCH_INPUT_BYTES
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = unit_row(
             unit, unit_begin, nc, positions, starts, axes, block, x, y)
@@ -206,6 +208,9 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
         else:
             _fold_column_rows(columns, lo, hi, plane if planes else source, row_starts,
                               inside_rows)
+            if prefetching and not planes:  # the rows the next units read (prefetch.py)
+                prefetch_ahead(source, np.uint64(row_starts[inside_rows - 1]),
+                               np.uint64(hi - lo))
         for i in range(lo):
             columns[np.uint64(i)] = lowest
         for i in range(hi, span):

@@ -20,6 +20,7 @@ from .entry import EntryPoint
 from .codec import accumulator_array, as_accumulator, decode, encode
 from .units import first_unit_row, interior_outputs, interior_span, unit_row
 from .maxima import border_max, fold_max
+from .prefetch import prefetch_ahead
 from .sums import border_sum, leading_divisor, lp_root, mean_at, store_roots, term_at
 
 
@@ -30,6 +31,17 @@ def _fixed_layout(axes):
     row_length = axes[AXIS_IN, last]
     plane = row_length * axes[AXIS_IN, last - 1] if last > 1 else 0
     return last, row_length, plane, axes[AXIS_PAD_BEGIN, last]
+
+
+@njit(inline="always")
+def prefetch_window_rows(source, row_offset, row_length, plane, depth, height):
+    """Ask for the input rows the next output rows read: those past the window's last
+    input row (prefetch_ahead). Whatever the input's size: with the count 0 for inputs
+    under PREFETCH_INPUT_BYTES, as the columns kernel does, vgg ran 1.2-1.4x slower (the
+    same count for it: the compiled loops differ), where inputs in the caches lose 1-4%
+    to it."""
+    prefetch_ahead(source, np.uint64(row_offset + (depth - 1) * plane
+                                     + (height - 1) * row_length), np.uint64(row_length))
 
 
 # The window's size and step (and the sums' kind of p) arrive as literal arguments
@@ -57,6 +69,7 @@ def fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets,
                             best = fold_max(best, source[
                                 at + np.uint64(d * plane + r * row_length + w)])
                 out[np.uint64(out_first + o)] = best
+            prefetch_window_rows(source, row_offset, row_length, plane, depth, height)
         for o in range(first, lo):
             out[np.uint64(out_first + o)] = border_max(
                 o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets)
