@@ -242,24 +242,29 @@ def leading_divisor(divisor_counts, positions, last):
 
 
 @njit(inline="always")
+def divisor_at(leading, divisor_counts, o, zero):
+    """(AveragePool's divisor of output o of a row, ``leading`` (leading_divisor) times the
+    last axis's tap count, 0 for a window with no tap inside; that divisor but at least 1,
+    in the accumulator type of ``zero``)."""
+    divisor = leading * divisor_counts[np.uint64(divisor_counts.shape[0] - 1), np.uint64(o)]
+    return divisor, as_accumulator(max(divisor, 1), zero)
+
+
+@njit(inline="always")
 def mean_at(total, leading, divisor_counts, o, zero, y):
     """AveragePool's output o of a row (its index along the last axis) from its window sum:
-    the sum over its divisor, ``leading`` (leading_divisor) times the last axis's tap count;
-    0 for a window with no tap inside; rounded once to y's type."""
-    divisor = leading * divisor_counts[np.uint64(divisor_counts.shape[0] - 1), np.uint64(o)]
-    mean = total / as_accumulator(max(divisor, 1), zero)
-    return encode(mean if divisor > 0 else zero, y)
+    the sum over its divisor (divisor_at); 0 for a window with no tap inside; rounded once
+    to y's type."""
+    divisor, as_float = divisor_at(leading, divisor_counts, o, zero)
+    return encode(total / as_float if divisor > 0 else zero, y)
 
 
 @njit(inline="always")
 def divisor_row(row_divisors, leading, divisor_counts, zero):
-    """row_divisors[o] = AveragePool's divisor of output o along the last axis in a row
-    whose leading axes' tap counts multiply to ``leading``, as mean_at takes it
-    (max(divisor, 1), in the type of ``zero``)."""
-    last = np.uint64(divisor_counts.shape[0] - 1)
+    """row_divisors[o] = the divisor of output o along the last axis (divisor_at, at least
+    1) in a row whose leading axes' tap counts multiply to ``leading``."""
     for o in range(row_divisors.shape[0]):
-        row_divisors[o] = as_accumulator(max(leading * divisor_counts[last, np.uint64(o)], 1),
-                                         zero)
+        row_divisors[o] = divisor_at(leading, divisor_counts, o, zero)[1]
 
 
 # The two loops below divide by row_divisors (divisor_row), not by the int64 table's product
