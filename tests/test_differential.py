@@ -198,6 +198,8 @@ MEDIUM_CASES = [
     ((1, 1, 13, 37), dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])),
     ((1, 2, 14, 33), dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 1], ceil_mode=1)),
     ((2, 1, 12, 29), dict(kernel_shape=[4, 3], strides=[1, 3], dilations=[2, 2], pads=[3, 2, 0, 4])),
+    # 3 taps at step 1 along the last axis, 3 apart: MaxPool's windows in one loop body
+    ((1, 2, 11, 41), dict(kernel_shape=[2, 3], dilations=[2, 3], pads=[1, 3, 0, 4])),
     ((1, 3, 6, 7, 19), dict(kernel_shape=[3, 2, 3], strides=[2, 1, 2], pads=[1, 0, 1, 1, 1, 2])),
     ((1, 1, 40), dict(kernel_shape=[5], strides=[3], pads=[4, 4], ceil_mode=1)),
 ]

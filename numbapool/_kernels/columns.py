@@ -80,16 +80,17 @@ def fold_outer_planes(plane, source, row_offset, starts, axes, taps, tap_offsets
 
 
 @njit(inline="always")
-def _column_windows(columns, target, base, count, width, step):
-    """target[base + j] = the maximum of columns[j * step:j * step + width], for a common
-    width and step, both constants: a window's taps in one loop body load as whole vectors
-    (the taps-outer loops gather at step 2). The order of the taps differs from the row-major
-    scan, which matters for zeros and NaNs only: those outputs are retaken anyway."""
+def _column_windows(columns, target, base, count, width, step, spacing):
+    """target[base + j] = the maximum of the ``width`` columns ``spacing`` apart from
+    columns[j * step], for a common width and step, both constants: a window's taps in one
+    loop body load as whole vectors (the taps-outer loops gather at step 2). The order of
+    the taps differs from the row-major scan, which matters for zeros and NaNs only: those
+    outputs are retaken anyway."""
     for j in range(count):
         at = np.uint64(j) * step
         value = columns[at]
         for tap in range(1, width):
-            value = fold_max_function(value, columns[at + np.uint64(tap)])
+            value = fold_max_function(value, columns[at + np.uint64(tap) * spacing])
         target[base + np.uint64(j)] = value
 
 
@@ -112,10 +113,12 @@ def _three_wide_step_two_windows(columns, pairs, evens, target, base, count):
         target[base + k] = fold_max_function(pairs[k], evens[k + np.uint64(1)])
 
 
-# Last-axis windows (width, step), undilated, whose taps column_units takes in one loop
-# body; other windows (0, 0) take theirs one run at a time, in a loop of its own for steps 1
-# and 2, which vectorizes.
+# Last-axis windows (width, step) whose taps column_units takes in one loop body, undilated
+# but for (3, 1), whose taps may lie any distance apart (the columns at step 1 still load as
+# whole vectors); other windows (0, 0) take theirs one run at a time, in a loop of its own
+# for steps 1 and 2, which vectorizes.
 COLUMN_WINDOWS = ((3, 2), (3, 1), (2, 2))
+DILATED_COLUMN_WINDOWS = ((3, 1),)
 
 
 COLUMN_KINDS = COLUMN_WINDOWS + ((0, 0),)
@@ -124,7 +127,7 @@ COLUMN_KINDS = COLUMN_WINDOWS + ((0, 0),)
 def column_kind(width, step, dilation):
     """The kind in COLUMN_KINDS that serves a last-axis window of ``width`` taps
     ``dilation`` apart, at ``step``."""
-    if dilation == 1 and (width, step) in COLUMN_WINDOWS:
+    if (width, step) in (COLUMN_WINDOWS if dilation == 1 else DILATED_COLUMN_WINDOWS):
         return width, step
     return 0, 0
 
@@ -222,9 +225,12 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
         # drops the branch a kind does not take.
         if window_width == 3 and window_step == 2 and check_ties:
             _three_wide_step_two_windows(columns, pairs, evens, out, out_begin, count)
+        elif window_width == 3 and window_step == 1 and dilation != 1:
+            _column_windows(columns, out, out_begin, count, 3, np.uint64(1),
+                            np.uint64(dilation))
         elif window_width:
             _column_windows(columns, out, out_begin, count, window_width,
-                            np.uint64(window_step))
+                            np.uint64(window_step), np.uint64(1))
         else:
             start_maxima(out, None, out_begin, count, lowest)
             for kw in range(k_last):
