@@ -152,14 +152,15 @@ def _round_once(values, dtype):
     return out
 
 
-@pytest.mark.parametrize("length", [4, 2048, 2049])
+@pytest.mark.parametrize("length", [4, 49, 200, 2048, 2049])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, np.float64])
 def test_global_sums_equal_the_in_order_sum(dtype, length):
     # Channels where the order of a float64 sum changes the rounded result: 2**60 + 1 - 2**60
     # is 0 in order; large terms that cancel; means within a few float64 steps of halfway
-    # between two results; zeros of both signs; infinities and NaN. Zeros pad the four
-    # values to the channel's length: short channels (bounded a block at a time) and long
-    # ones, on both sides of global_.SHORT_CHANNEL.
+    # between two results; zeros of both signs; infinities and NaN. Zeros before the four
+    # values fill the channel's length, so that they are the last elements (the masked
+    # loads of vectors.py): channels summed by numba's loop (under global_.TINY_CHANNEL),
+    # in one vector, and in four (from global_.LONG_VECTOR_CHANNEL).
     rng = np.random.default_rng(7)
     huge = 2.0 ** 60 if dtype != np.float16 else 2.0 ** 15
     channels = [[huge, 1.0, -huge, 2.0 ** -24], [1.0, -huge, huge, 2.0 ** -24],
@@ -171,11 +172,11 @@ def test_global_sums_equal_the_in_order_sum(dtype, length):
         base = rng.standard_normal(3)
         channels.append([*base, -base.sum() + rng.choice([0.0, 2.0 ** -40, -2.0 ** -50])])
     padded = np.zeros((len(channels), length))
-    padded[:, :4] = channels
+    padded[:, -4:] = channels
     x = padded.astype(dtype).reshape(1, len(channels), length)
     # The padding's terms are +0, which leave an in-order total as it is (it starts at +0,
     # so it is never -0): only the four values are added here.
-    wide = x.astype(np.float64)[0, :, :4]
+    wide = x.astype(np.float64)[0, :, -4:]
     for op, term, finish in [
             ("average", lambda v: v, lambda total: total / length),
             ("p=1", abs, lambda total: total), ("p=2", lambda v: v * v, np.sqrt),
@@ -194,6 +195,21 @@ def test_global_sums_equal_the_in_order_sum(dtype, length):
         else:
             got = numbapool.global_lp_pool(x, p=float(op[2:]))
         assert got.reshape(-1).tobytes() == expected.tobytes(), op
+
+
+def test_global_average_over_channels_longer_than_a_magnitude_run():
+    # A float32 channel's sum and magnitudes are added in runs of global_.MAGNITUDE_RUN
+    # elements: every run, the last partial one included, counts once. Positive values,
+    # whose reordered sum the proof accepts (with signs that cancel, the in-order sum that
+    # follows a failed proof would hide a lost run).
+    from numbapool._kernels.global_ import MAGNITUDE_RUN
+
+    length = 2 * MAGNITUDE_RUN + 37
+    x = np.random.default_rng(5).uniform(1.0, 2.0, (1, 2, length)).astype(np.float32)
+    x[0, 1, -37:] = 1000.0  # the last run weighs in the second channel's mean
+    totals = np.cumsum(x[0].astype(np.float64), axis=1)[:, -1]  # in order, in float64
+    expected = (totals / length).astype(np.float32)
+    assert numbapool.global_average_pool(x).reshape(-1).tobytes() == expected.tobytes()
 
 
 def test_lp_pool_cubes_by_products():

@@ -1,7 +1,7 @@
 """numba kernels, one module per family (docs/architecture.md has the table of which serves
 which call): units (shared work units), maxima, sums, fixed, columns (windowed pools),
-global_, unpool; codec (16-bit float elements), threads, prefetch, scratch (scratch
-arrays)."""
+global_, unpool; codec (16-bit float elements), threads, prefetch, vectors (explicit vector
+loops), scratch (scratch arrays)."""
 
 from numba import njit
 

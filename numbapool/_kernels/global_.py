@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 from numba import njit
+from numba.extending import overload
 
 from .codec import decode, encode, float32_bits
 from .prefetch import prefetch_ahead
@@ -22,18 +23,22 @@ from . import kernel
 from .entry import EntryPoint
 from .maxima import fold_max
 from .sums import lp_root, lp_term
+from .vectors import STORAGE, vector_sums_long, vector_sums_short
 
 # Runs of channels the parallel driver deals out, at most: the loops live in plain
 # functions, which numba optimizes better than code inside the parallel region.
 CHUNKS = 64
-# Channels summed side by side; channels whose magnitudes are bounded together.
+# Channels summed side by side; channels whose results are proven together.
 GROUP = 16
-# Elements of a block of short channels, which stays in the nearest cache between its
-# magnitudes' pass and its sums; few enough too that a float32 sum of their magnitudes
-# stays within 1% (2**-24 per addition).
-PIECE = 4096
 # Channels up to this many elements are short: their loops ask for memory ahead
-SHORT_CHANNEL = PIECE // 2
+SHORT_CHANNEL = 2048
+# Channels under this many elements are summed by numba's loop, faster than vectors there
+TINY_CHANNEL = 25
+# Channels from this many elements on are summed in four vectors side by side
+LONG_VECTOR_CHANNEL = 128
+# Elements whose float32 magnitudes are added in one run: few enough that the sum lies
+# within 2**-4 of the exact one whatever the order ((n - 1) 2**-24 at most)
+MAGNITUDE_RUN = 1 << 20
 # 2**-53, the unit roundoff of float64
 EPSILON = np.finfo(np.float64).eps / 2
 # A float32's bits less its sign
@@ -133,14 +138,36 @@ def reordered_sums(flat, base, size):
     return total, magnitudes
 
 
-@kernel(fastmath={"reassoc"})
-def magnitudes_bound(flat, start, count):
-    """At least the sum of |x| over flat[start:start + count], count <= PIECE: their float32
-    sum, within 1% of the exact one whatever the order, doubled."""
-    magnitudes = np.float32(0)
-    for i in range(start, start + count):
-        magnitudes += abs(np.float32(decode(flat[i])))
-    return 2.0 * np.float64(magnitudes)
+def channel_sums(flat, base, size):
+    """(the sum of a channel's elements in float64, added in an order of its own; at least
+    the sum of their magnitudes). Channels of TINY_CHANNEL elements and more in explicit
+    vectors (vectors.py), with twice the float32 sum of the magnitudes as the bound; the
+    others, and float64 ones (typed, never run: their results need the in-order sum), in
+    reordered_sums."""
+
+
+@overload(channel_sums, inline="always")
+def _channel_sums_overload(flat, base, size):
+    if flat.dtype not in STORAGE:
+        return lambda flat, base, size: reordered_sums(flat, base, size)
+
+    def impl(flat, base, size):
+        if size < TINY_CHANNEL:
+            return reordered_sums(flat, base, size)
+        if size < LONG_VECTOR_CHANNEL:
+            total, magnitudes = vector_sums_short(flat, base, size)
+            return total, 2.0 * magnitudes
+        total = bound = 0.0
+        start = np.uint64(0)
+        while start < size:
+            run = min(np.uint64(MAGNITUDE_RUN), size - start)
+            run_total, magnitudes = vector_sums_long(flat, base + start, run)
+            total += run_total
+            bound += 2.0 * magnitudes
+            start += run
+        return total, bound
+
+    return impl
 
 
 @njit(inline="always")
@@ -205,48 +232,37 @@ def reordered_units(begin, end, x, y, p, p_kind):
     """Channels [begin, end) from reordered sums where they give the in-order result,
     else from in-order sums. Called with ``p_kind`` a literal: a loop of its own per kind.
 
-    Averages need the sum of the terms' magnitudes for the proof. Short channels go in
-    blocks of up to PIECE elements, which stay in the nearest cache: the block's
-    magnitudes are bounded in one cheap pass, then each channel is summed, its loop first
-    asking for the memory ahead (prefetch_ahead), and then the block's proofs are checked
-    in one loop, which vectorizes; a long channel adds its magnitudes in its summing loop.
-    LpPool's terms |x| ** p are never negative: their sum is its own bound."""
+    Channels go GROUP at a time: each is summed, then the group's proofs are checked in
+    one loop, which vectorizes. Averages need a bound on the sum of the terms' magnitudes
+    for the proof (channel_sums); LpPool's terms |x| ** p are never negative: their sum is
+    its own bound."""
     flat = x.reshape(x.size)
     size = np.uint64(x.shape[1])
     count = np.float64(x.shape[1])  # the divisor, converted once
     inverse = 1.0 / count
-    short = x.shape[1] <= SHORT_CHANNEL
-    per_block = min(GROUP, PIECE // x.shape[1]) if short else 1
-    totals = empty(per_block, np.float64)
-    magnitudes = 0.0
-    for first in range(begin, end, per_block):
-        channels = min(per_block, end - first)
-        if p_kind == 0 and short:
-            magnitudes = magnitudes_bound(flat, np.uint64(first) * size,
-                                          np.uint64(channels) * size)
+    totals = empty(GROUP, np.float64)
+    bounds = empty(GROUP, np.float64)
+    for first in range(begin, end, GROUP):
+        channels = min(GROUP, end - first)
         for k in range(channels):
             base = np.uint64(first + k) * size
-            if short:
-                prefetch_ahead(flat, base, size)
-                totals[k] = reordered_sum(flat, base, size, p, p_kind)
-            elif p_kind == 0:
-                totals[k], magnitudes = reordered_sums(flat, base, size)
+            if p_kind == 0:
+                totals[k], bounds[k] = channel_sums(flat, base, size)
             else:
-                totals[k] = reordered_sum(flat, base, size, p, p_kind)
+                totals[k] = bounds[k] = reordered_sum(flat, base, size, p, p_kind)
         # unsigned indices: no wraparound of negative ones to check, so the loop vectorizes
         out = np.uint64(first)
         unproven = False
         for k in range(channels):
-            bound = magnitudes if p_kind == 0 else totals[k]
-            y[out + np.uint64(k)], proven = proven_result(totals[k], bound, count, inverse, p,
-                                                          p_kind, y)
+            y[out + np.uint64(k)], proven = proven_result(totals[k], bounds[k], count, inverse,
+                                                          p, p_kind, y)
             unproven |= not proven
         if not unproven:
             continue
         # Rare: the channels the proof leaves. Their proofs are checked again rather than
         # kept from the loop above: keeping them measured slower.
         for k in range(channels):
-            bound = magnitudes if p_kind == 0 else totals[k]
+            bound = bounds[k]
             if proven_result(totals[k], bound, count, inverse, p, p_kind, y)[1]:
                 continue
             base = np.uint64(first + k) * size

@@ -1,0 +1,140 @@
+"""Loops written as LLVM vector code, where numba's loops vectorize badly.
+
+A channel's float64 sum: LLVM vectorizes ``for i in range(n): total += x[i]`` as a 32-wide
+body, then a 4-wide loop and a scalar loop for the elements left, each ending in a
+horizontal sum. On a channel of 7x7 the body runs once and the leftovers cost the most.
+Here the body is 8 wide (32 wide in four accumulators for long channels), and the
+elements left come in masked loads, which read nothing past the channel. float32
+elements, and float16 and bfloat16 ones as codec.py stores them, decoded 8 at a time.
+"""
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+WIDTH = 8  # float64 lanes in a 512-bit vector
+_I1, _I32, _I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
+_F32, _F64 = ir.FloatType(), ir.DoubleType()
+_V32, _V64 = ir.VectorType(_F32, WIDTH), ir.VectorType(_F64, WIDTH)
+_VI32, _VI64 = ir.VectorType(_I32, WIDTH), ir.VectorType(_I64, WIDTH)
+
+
+def _declare(builder, name, result, arguments):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, arguments),
+                                          name)
+
+
+def _float32_vector(builder, loaded, storage):
+    """The float32 values of vector ``loaded`` of elements stored as ``storage`` (codec.py:
+    uint16 bits of float16, int16 bits of bfloat16)."""
+    if storage == types.uint16:
+        wide = builder.fpext(builder.bitcast(loaded, ir.VectorType(ir.HalfType(), WIDTH)), _V32)
+        # LLVM would take the magnitudes from the 16 bits and convert them a second time
+        return builder.call(_declare(builder, "llvm.arithmetic.fence.v8f32", _V32, [_V32]),
+                            [wide])
+    if storage == types.int16:
+        wide = builder.shl(builder.zext(loaded, _VI32), ir.Constant(_VI32, [16] * WIDTH))
+        return builder.bitcast(wide, _V32)
+    return loaded
+
+
+# numba's element type -> (the LLVM vector of WIDTH elements, its intrinsics' suffix)
+_STORED = {types.float32: (_V32, "v8f32"),
+           types.uint16: (ir.VectorType(ir.IntType(16), WIDTH), "v8i16"),
+           types.int16: (ir.VectorType(ir.IntType(16), WIDTH), "v8i16")}
+STORAGE = tuple(_STORED)
+
+
+def _vector_sums(accumulators):
+    """An intrinsic ``(flat, start, count) -> (total, magnitudes)``: over the elements
+    flat[start:start + count] (float32, or 16-bit floats stored as codec.py says), their
+    float64 sum and the float32 sum of their magnitudes, each added in an order of its own
+    (``accumulators`` vectors side by side, then a horizontal sum). Lanes past the end
+    load +0: the sums are unchanged."""
+
+    @intrinsic
+    def vector_sums(typingctx, flat, start, count):
+        if not (isinstance(flat, types.Array) and flat.dtype in _STORED
+                and isinstance(start, types.Integer) and isinstance(count, types.Integer)):
+            return None
+        signature = types.UniTuple(types.float64, 2)(flat, types.uint64, types.uint64)
+        stored, suffix = _STORED[flat.dtype]
+
+        def codegen(context, builder, signature, args):
+            data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            start, count = args[1], args[2]
+            pointer = stored.as_pointer()
+            magnitude_bits = ir.Constant(_VI32, [0x7FFFFFFF] * WIDTH)
+            step = WIDTH * accumulators
+            whole = builder.and_(count, ir.Constant(_I64, -step))
+
+            def vector_at(offset):
+                return builder.bitcast(builder.gep(data, [builder.add(start, offset)]), pointer)
+
+            def add(sums, loaded):
+                total, magnitudes = sums
+                vector = _float32_vector(builder, loaded, signature.args[0].dtype)
+                magnitude = builder.and_(builder.bitcast(vector, _VI32), magnitude_bits)
+                return (builder.fadd(total, builder.fpext(vector, _V64)),
+                        builder.fadd(magnitudes, builder.bitcast(magnitude, _V32)))
+
+            entry = builder.block
+            head = builder.append_basic_block("sums.head")
+            body = builder.append_basic_block("sums.body")
+            tail = builder.append_basic_block("sums.tail")
+            builder.branch(head)
+            builder.position_at_end(head)
+            i = builder.phi(_I64)
+            i.add_incoming(ir.Constant(_I64, 0), entry)
+            phis = []
+            for _ in range(accumulators):
+                pair = builder.phi(_V64), builder.phi(_V32)
+                pair[0].add_incoming(ir.Constant(_V64, [0.0] * WIDTH), entry)
+                pair[1].add_incoming(ir.Constant(_V32, [0.0] * WIDTH), entry)
+                phis.append(pair)
+            builder.cbranch(builder.icmp_unsigned("<", i, whole), body, tail)
+
+            builder.position_at_end(body)
+            for k, pair in enumerate(phis):
+                vector = builder.load(vector_at(builder.add(i, ir.Constant(_I64, k * WIDTH))),
+                                      align=2)
+                for phi, value in zip(pair, add(pair, vector)):
+                    phi.add_incoming(value, body)
+            i.add_incoming(builder.add(i, ir.Constant(_I64, step)), body)
+            builder.branch(head)
+
+            # up to step - 1 elements left: one masked load per accumulator
+            builder.position_at_end(tail)
+            masked_load = _declare(builder, f"llvm.masked.load.{suffix}.p0", stored,
+                                   [pointer, _I32, ir.VectorType(_I1, WIDTH), stored])
+            left = builder.insert_element(ir.Constant(_VI64, ir.Undefined),
+                                          builder.sub(count, whole), ir.Constant(_I32, 0))
+            left = builder.shuffle_vector(left, left, ir.Constant(_VI32, [0] * WIDTH))
+            sums = None
+            for k, pair in enumerate(phis):
+                lanes = ir.Constant(_VI64, [k * WIDTH + lane for lane in range(WIDTH)])
+                vector = builder.call(masked_load, [
+                    vector_at(builder.add(whole, ir.Constant(_I64, k * WIDTH))),
+                    ir.Constant(_I32, 2), builder.icmp_unsigned("<", lanes, left),
+                    ir.Constant(stored, None)])
+                pair = add(pair, vector)
+                sums = pair if sums is None else tuple(builder.fadd(a, b)
+                                                       for a, b in zip(sums, pair))
+            total = builder.call(_declare(builder, "llvm.vector.reduce.fadd.v8f64", _F64,
+                                          [_F64, _V64]),
+                                 [ir.Constant(_F64, -0.0), sums[0]], fastmath=("reassoc",))
+            magnitudes = builder.call(_declare(builder, "llvm.vector.reduce.fadd.v8f32", _F32,
+                                               [_F32, _V32]),
+                                      [ir.Constant(_F32, -0.0), sums[1]], fastmath=("reassoc",))
+            return context.make_tuple(builder, signature.return_type,
+                                      [total, builder.fpext(magnitudes, _F64)])
+
+        return signature, codegen
+
+    return vector_sums
+
+
+# one accumulator for short channels (its horizontal sum is the cost there), four for long
+vector_sums_short = _vector_sums(1)
+vector_sums_long = _vector_sums(4)
