@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _threads
-from ._kernels import columns, fixed, global_, maxima, parallel, sums, unpool
+from ._kernels import columns, fixed, global_, maxima, parallel, planes, sums, unpool
 from ._kernels.entry import EntryPoint
 from ._plan import BFLOAT16, UnpoolPlan, WindowPlan, global_plan, window_extents
 
@@ -39,6 +39,7 @@ _MAX_POOL_WITH_INDICES = EntryPoint(maxima.max_pool_units_with_indices)
 _SUM_POOLS = {(p_kind, three_taps): EntryPoint(sums.sum_pool_units, (p_kind, three_taps))
               for p_kind in range(5) for three_taps in ((False, True) if p_kind == 0 else (False,))}
 _GLOBAL_MAX = EntryPoint(global_.global_max_units, inputs=2)  # x and its bits
+_PLANE_MEANS = EntryPoint(planes.plane_mean_units)
 
 # Global pooling calls seen, keyed by (op, shape, dtype, p): see _global_call
 _GLOBAL_CALLS: dict = {}
@@ -105,7 +106,8 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
                      g["tap_outputs"], g["lead_rows"], g["divisor_counts"], block, slots,
                      *entry.kinds)
     special = _specialized(plan)
-    if special is not None:
+    # the planes' kernel takes whole output rows: not the parts of rows of a small call
+    if special is not None and (special[0] is not _PLANE_MEANS or block == plan.out_shape[-1]):
         entry, arguments = special[0], (*special[1], block, *special[0].kinds)
     launch = plan.launches[threads] = Launch(units, chunks, entry, arguments, indices_arguments,
                                              {})
@@ -170,6 +172,14 @@ def _three_taps(plan: WindowPlan) -> bool:
     """Whether the window is 3 taps wide along the last axis, with no dilation and a step
     of 1 or 2 there: AveragePool then sums input rows with sums.three_tap_row_sums."""
     return plan.kernel_shape[-1] == 3 and plan.strides[-1] <= 2 and plan.dilations[-1] == 1
+
+
+def _plane_window(plan: WindowPlan) -> bool:
+    """Whether planes.plane_mean_units serves the window: 3x3 taps, stride 1, no dilation,
+    pads of 0 or 1, over planes of 2x2 to planes.PLANE_ELEMENTS elements."""
+    return (plan.kernel_shape == (3, 3) and plan.strides == (1, 1) and plan.dilations == (1, 1)
+            and max(plan.pads_begin + plan.pads_end) <= 1 and min(plan.spatial_in) >= 2
+            and math.prod(plan.spatial_in) <= planes.PLANE_ELEMENTS)
 
 
 def _p_kind(op: str, p: float) -> int:
@@ -244,8 +254,9 @@ def _specialized(plan: WindowPlan):
     """(serial entry point, its arguments but the block and its kinds) for a call without Indices
     that a specialized kernel serves, else None; kept on the plan, so that a repeated call
     does no work here. Measured faster than the rank-generic kernels (docs/performance.md):
-    a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool, LpPool), else, for every other
-    MaxPool, the input-rows-first columns.column_units for its kind."""
+    a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool, LpPool), AveragePool's 3x3 windows
+    at stride 1 over small planes (planes.plane_mean_units), else, for every other MaxPool,
+    the input-rows-first columns.column_units for its kind."""
     try:
         return plan.launches["special"]
     except KeyError:
@@ -266,6 +277,8 @@ def _specialized(plan: WindowPlan):
             special = (sum_units[_p_kind(plan.op, plan.p)],
                        (float(plan.p), _sum_zero(plan), g["axes"], g["taps"], g["tap_offsets"],
                         g["divisor_counts"]))
+    elif plan.op == "AveragePool" and _plane_window(plan):
+        special = (_PLANE_MEANS, (_sum_zero(plan), g["axes"], g["divisor_counts"]))
     elif plan.op == "MaxPool":
         # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
         check_ties = plan.dtype.kind not in "iu"

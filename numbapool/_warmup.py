@@ -39,9 +39,10 @@ def _choose(what: str, given, known: dict) -> list:
 
 
 def _windows():
-    """(kernel_shape, strides, pads, LpPool's values of p) reaching every windowed kernel:
-    the rank-generic ones (a padded 3x3 window; AveragePool's windows of another width come
-    with the columns' below), each of
+    """(kernel_shape, strides, pads, LpPool's values of p, sides of the inputs) reaching
+    every windowed kernel: the rank-generic ones (a padded 3x3 window; AveragePool's
+    windows of another width come with the columns' below), AveragePool's 3x3 windows over
+    small planes (planes.py: a plane of 64x64 is past the parallel threshold), each of
     fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels (columns.column_units),
     one per kind of last-axis window (3-high windows: a 2x2 one would take a fixed window's
     kernel). LpPool compiles per kind of p (|x|, x ** 2, |x| ** 3, any other p): each kind
@@ -49,13 +50,15 @@ def _windows():
     from ._kernels import columns, fixed
 
     every_p = (1, 2, 3, 0.5)
-    yield [3, 3], [1, 1], [1, 1, 1, 1], every_p
+    sides = (4, 128)
+    yield [3, 3], [1, 1], [1, 1, 1, 1], every_p, sides
+    yield [3, 3], [1, 1], [1, 1, 1, 1], (), (64,)
     for depth, height, width, step in fixed.FIXED_WINDOWS:
         kernel = [height, width] if depth == 1 else [depth, height, width]
-        yield kernel, [1] * (len(kernel) - 1) + [step], None, every_p
+        yield kernel, [1] * (len(kernel) - 1) + [step], None, every_p, sides
     for width, step in columns.COLUMN_KINDS:
         width, step = width or 4, step or 1  # (0, 0): a window outside COLUMN_WINDOWS
-        yield [3, width], [1, step], None, (2,)
+        yield [3, width], [1, step], None, (2,), sides
 
 
 WINDOWED = ("MaxPool", "AveragePool", "LpPool")
@@ -66,21 +69,22 @@ def _exercise(op: str, dtype: np.dtype, window: int | None = None) -> None:
     than 2**15 output-taps), which compiles both entry points of each kernel it reaches;
     the global pools also on one thread (their serial entry point), GlobalLpPool for each
     kind of p, and, for the sums, the kernels that numbapool.dask continues and finishes
-    them with. A windowed ``op`` with every window of ``_windows()``, or its ``window``-th
-    alone."""
+    them with. A windowed ``op`` with every window of ``_windows()`` on its inputs, or its
+    ``window``-th alone."""
     import numbapool
 
     from . import _dispatch
 
-    for side in (4, 128):
-        if op in WINDOWED:
-            for number, (kernel, strides, pads, lp_ps) in enumerate(_windows()):
-                if window is not None and number != window:
-                    continue
+    if op in WINDOWED:
+        for number, (kernel, strides, pads, lp_ps, sides) in enumerate(_windows()):
+            if window is not None and number != window:
+                continue
+            for side in sides:
                 # one axis: as many elements as a plane, to reach the parallel driver too;
                 # three: 32 a side is past its threshold already, and 128 a side (8 million
                 # elements) made a warm warmup of every dtype take four times as long
-                spatial = {1: (side * side,), 2: (side, side), 3: (min(side, 32),) * 3}[len(kernel)]
+                spatial = {1: (side * side,), 2: (side, side),
+                           3: (min(side, 32),) * 3}[len(kernel)]
                 x = np.zeros((1, 4) + spatial, dtype=dtype)
                 if op == "MaxPool":
                     numbapool.max_pool(x, kernel, strides=strides, pads=pads)
@@ -91,7 +95,8 @@ def _exercise(op: str, dtype: np.dtype, window: int | None = None) -> None:
                 else:
                     for p in lp_ps:
                         numbapool.lp_pool(x, kernel, strides=strides, pads=pads, p=p)
-            continue
+        return
+    for side in (4, 128):
         x = np.zeros((1, 4, side, side), dtype=dtype)
         if op == "MaxUnpool":
             # each 2x2 window's first element, as MaxPool's Indices would give for zeros (not

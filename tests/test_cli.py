@@ -116,11 +116,12 @@ def test_warmup_reaches_every_windowed_kernel():
     # in a fresh process: whatever warmup leaves uncompiled shows as a kernel without a
     # compiled signature
     script = ("import numbapool\n"
-              "from numbapool._kernels import columns, fixed, maxima, sums\n"
+              "from numbapool._kernels import columns, fixed, maxima, planes, sums\n"
               "numbapool.warmup(['MaxPool', 'AveragePool', 'LpPool'], ['float32'],\n"
               "                 progress=False)\n"
               "from numbapool._kernels import parallel\n"
-              "kernels = [maxima.max_pool_units_with_indices, parallel.run_in_parallel]\n"
+              "kernels = [maxima.max_pool_units_with_indices, parallel.run_in_parallel,\n"
+              "           planes.plane_mean_units]\n"
               "missing = sorted(k.py_func.__name__ for k in kernels if not k.signatures)\n"
               "# a kernel specialized per kind: a signature ending with each kind's literals\n"
               "from numbapool._kernels.entry import EntryPoint\n"
@@ -137,6 +138,14 @@ def test_warmup_reaches_every_windowed_kernel():
               "             for s in entry.kernel.signatures]\n"
               "    if entry.kinds not in kinds:\n"
               "        missing.append((entry.kernel.py_func.__name__, entry.kinds))\n"
+              "# AveragePool's 3x3 over a small plane, at a parallel size: its driver too\n"
+              "import numpy as np\n"
+              "from numba.core import event\n"
+              "with event.install_recorder('numba:compile') as compiles:\n"
+              "    numbapool.average_pool(np.ones((1, 4, 64, 64), np.float32), [3, 3],\n"
+              "                           pads=[1, 1, 1, 1])\n"
+              "    parallel.wait_for_drivers()\n"
+              "missing += [e.data['dispatcher'].py_func.__name__ for _, e in compiles.buffer]\n"
               "print(missing)\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=600)

@@ -39,7 +39,12 @@ def inputs(draw, dtypes, allow_special=True):
     spatial = draw(st.lists(st.integers(1, max_side), min_size=rank, max_size=rank))
     n, c = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     dtype = np.dtype(draw(st.sampled_from(dtypes)))
-    size = n * c * math.prod(spatial)
+    return draw(array_of(dtype, (n, c, *spatial), allow_special))
+
+
+@st.composite
+def array_of(draw, dtype, shape, allow_special=True):
+    size = math.prod(shape)
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
         values = draw(st.lists(st.sampled_from([info.min, info.min + 1, 0, 1, 7, info.max]),
@@ -48,7 +53,7 @@ def inputs(draw, dtypes, allow_special=True):
         pool = [-2.5, -1.0, 0.0, 0.5, 1.0, 3.0] + (SPECIAL if allow_special else [])
         values = draw(st.lists(st.sampled_from(pool) | st.floats(-8, 8, width=16),
                                min_size=size, max_size=size))
-    return np.array(values, dtype=np.float64).astype(dtype).reshape(n, c, *spatial)
+    return np.array(values, dtype=np.float64).astype(dtype).reshape(shape)
 
 
 @st.composite
@@ -120,13 +125,32 @@ def test_average_pool(data):
     expected = _expected_or_same_error("AveragePool", numbapool.average_pool, x, attrs)
     if expected is None:
         return
-    # AveragePool adds in float32 (float64 for float64 input): where terms cancel, a sum of
-    # T terms may be off by (T - 1) units of the accumulator times the sum of magnitudes
+    _check_float(numbapool.average_pool(x, **attrs), expected, x.dtype,
+                 _average_accumulation(x, attrs))
+
+
+def _average_accumulation(x, attrs):
+    """AveragePool adds in float32 (float64 for float64 input): where terms cancel, a sum of
+    T terms may be off by (T - 1) units of the accumulator times the sum of magnitudes."""
     unit = 2.0 ** -53 if x.dtype == np.float64 else 2.0 ** -24
     with np.errstate(invalid="ignore"):
         magnitudes = reference.pool("AveragePool", np.abs(x.astype(np.float64)), **attrs)
-    accumulation = math.prod(attrs["kernel_shape"]) * unit * np.nan_to_num(magnitudes)
-    _check_float(numbapool.average_pool(x, **attrs), expected, x.dtype, accumulation)
+    return math.prod(attrs["kernel_shape"]) * unit * np.nan_to_num(magnitudes)
+
+
+def _generic_result(function, x, attrs, plan, target, name, value):
+    """``function(x, **attrs)`` with ``target.name`` set to ``value`` to turn the specialized
+    kernel away: the plan's launches (which hold the kernel chosen) are made again for the
+    call, which must run the rank-generic summing kernel or MaxPool's columns, and after it."""
+    from unittest import mock
+
+    with mock.patch.object(target, name, value):
+        plan.launches.clear()
+        result = function(x, **attrs)
+        assert {launch.entry.kernel.__name__ for key, launch in plan.launches.items()
+                if isinstance(key, int)} <= {"sum_pool_units", "column_units"}
+    plan.launches.clear()
+    return result
 
 
 @SETTINGS
@@ -266,9 +290,7 @@ def test_global_pools_over_many_channels(dtype):
 def test_fixed_window_kernels(data):
     """2x2 windows at stride 2 run on kernels of their own (fixed.FIXED_WINDOWS), for
     MaxPool, AveragePool and every kind of LpPool's p: the reference's values, and the bits
-    of the rank-generic kernels."""
-    from unittest import mock
-
+    of the rank-generic kernels (MaxPool's: the columns kernel)."""
     from numbapool import _dispatch
     from numbapool._kernels import fixed
 
@@ -291,16 +313,47 @@ def test_fixed_window_kernels(data):
     if expected is None:
         return
     got = function(x, **attrs)
-    special = _dispatch._specialized(numbapool.plan(op, x.shape, x.dtype, **attrs))
+    plan = numbapool.plan(op, x.shape, x.dtype, **attrs)
+    special = _dispatch._specialized(plan)
     max_units, sum_units = fixed.FIXED_WINDOWS[(1, 2, 2, 2)]
     assert special is not None and special[0] in (max_units, *sum_units)
-    with mock.patch.object(_dispatch, "_specialized", lambda plan: None):
-        generic = function(x, **attrs)
+    generic = _generic_result(function, x, attrs, plan, fixed, "FIXED_WINDOWS", {})
     assert got.tobytes() == generic.tobytes()
     if op != "MaxPool":
         _check_float(got, expected, x.dtype)
     else:
         np.testing.assert_array_equal(got.view(np.uint8), expected[0].view(np.uint8))
+
+
+@SETTINGS
+@given(st.data())
+def test_plane_kernel(data):
+    """AveragePool's 3x3 windows at stride 1 over small planes run a plane's rows at once
+    (planes.plane_mean_units): the reference's values, and the bits of the generic kernel,
+    zeros' signs and NaNs included."""
+    from numbapool import _dispatch, _threads
+
+    dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
+    # channels enough that the output rows are whole units on two threads (_work_split)
+    shape = (data.draw(st.integers(1, 2)), 8, data.draw(st.integers(2, 8)),
+             data.draw(st.integers(2, 8)))
+    x = data.draw(array_of(dtype, shape))
+    attrs = dict(kernel_shape=[3, 3], pads=data.draw(st.lists(st.integers(0, 1), min_size=4,
+                                                               max_size=4)),
+                 ceil_mode=data.draw(st.integers(0, 1)),
+                 count_include_pad=data.draw(st.integers(0, 1)))
+    expected = _expected_or_same_error("AveragePool", numbapool.average_pool, x, attrs)
+    if expected is None:
+        return
+    plan = numbapool.plan("AveragePool", x.shape, x.dtype, **attrs)
+    with numbapool.threads(2):
+        got = numbapool.average_pool(x, **attrs)
+        threads = 1 if _dispatch._runs_serially(plan) else _threads.get_num_threads()
+        assert _dispatch._launch(plan, threads).entry is _dispatch._PLANE_MEANS
+        generic = _generic_result(numbapool.average_pool, x, attrs, plan, _dispatch,
+                                  "_plane_window", lambda plan: False)
+    assert got.tobytes() == generic.tobytes()
+    _check_float(got, expected, x.dtype, _average_accumulation(x, attrs))
 
 
 # Bit patterns per float dtype: +0, -0, two different NaNs, -1, 1, -inf. Which zero and which

@@ -34,6 +34,9 @@ CALLS = {
     "max_pool values": lambda x: numbapool.max_pool(x, [2, 2], dilations=[2, 1]),
     "average_pool": lambda x: numbapool.average_pool(x, [3, 3], pads=[1, 1, 1, 1],
                                                      count_include_pad=1),
+    # stride 2 along the first axis: the generic summing kernel, not the planes' (planes.py)
+    "average_pool strided": lambda x: numbapool.average_pool(x, [3, 3], strides=[2, 1],
+                                                             pads=[1, 1, 1, 1]),
     "lp_pool": lambda x: numbapool.lp_pool(x, [2, 3], p=3, ceil_mode=1, strides=[2, 2]),
     "global_max_pool": numbapool.global_max_pool,
     "global_average_pool": numbapool.global_average_pool,
@@ -109,12 +112,13 @@ def _kernel_signatures() -> dict:
     import numba
 
     from numbapool import _kernels
-    from numbapool._kernels import columns, fixed, global_, maxima, parallel, sums, unpool
+    from numbapool._kernels import (columns, fixed, global_, maxima, parallel, planes, sums,
+                                    unpool)
 
-    modules = (columns, fixed, global_, maxima, parallel, sums, unpool)
+    modules = (columns, fixed, global_, maxima, parallel, planes, sums, unpool)
     assert {m.__name__ for m in modules} >= {f"{_kernels.__name__}.{name}" for name in
                                              ("columns", "fixed", "global_", "maxima",
-                                              "parallel", "sums", "unpool")}
+                                              "parallel", "planes", "sums", "unpool")}
     return {(module.__name__, name): list(value.signatures) for module in modules
             for name, value in vars(module).items()
             if isinstance(value, numba.core.registry.CPUDispatcher)}
@@ -124,10 +128,10 @@ def _kernel_signatures() -> dict:
 def test_read_only_inputs_share_the_compiled_kernels(side):
     """A read-only array is a numba type of its own; the kernels are compiled for read-only
     inputs whatever the flag, so a read-only input after a writable one (of another shape:
-    a call of its own) compiles (or loads) nothing, and the writable input stays
-    writable."""
+    a call of its own, on the same side of planes.PLANE_ELEMENTS) compiles (or loads)
+    nothing, and the writable input stays writable."""
     x = RNG.standard_normal((2, 8, side, side)).astype(np.float32)
-    other = RNG.standard_normal((2, 8, side + 1, side + 1)).astype(np.float32)
+    other = RNG.standard_normal((2, 8, side - 1, side - 1)).astype(np.float32)
     read_only = other.copy()
     read_only.flags.writeable = False
     calls = [CALLS[op] for op in sorted(CALLS)] + [

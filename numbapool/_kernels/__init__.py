@@ -1,5 +1,5 @@
 """numba kernels, one module per family (docs/architecture.md has the table of which serves
-which call): units (shared work units), maxima, sums, fixed, columns (windowed pools),
+which call): units (shared work units), maxima, sums, fixed, columns, planes (windowed pools),
 global_, unpool; codec (16-bit float elements), threads, prefetch, vectors (explicit vector
 loops), scratch (scratch arrays)."""
 
