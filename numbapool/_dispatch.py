@@ -39,7 +39,8 @@ _MAX_POOL_WITH_INDICES = EntryPoint(maxima.max_pool_units_with_indices)
 _SUM_POOLS = {(p_kind, three_taps): EntryPoint(sums.sum_pool_units, (p_kind, three_taps))
               for p_kind in range(5) for three_taps in ((False, True) if p_kind == 0 else (False,))}
 _GLOBAL_MAX = EntryPoint(global_.global_max_units, inputs=2)  # x and its bits
-_PLANE_MEANS = EntryPoint(planes.plane_mean_units)
+# AveragePool's 3x3 windows over small planes, per stride along the rows (1 or 2)
+_PLANE_MEANS = {step: EntryPoint(planes.plane_mean_units, (step,)) for step in (1, 2)}
 
 # Global pooling calls seen, keyed by (op, shape, dtype, p): see _global_call
 _GLOBAL_CALLS: dict = {}
@@ -107,7 +108,8 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
                      *entry.kinds)
     special = _specialized(plan)
     # the planes' kernel takes whole output rows: not the parts of rows of a small call
-    if special is not None and (special[0] is not _PLANE_MEANS or block == plan.out_shape[-1]):
+    if special is not None and (special[0] not in _PLANE_MEANS.values()
+                                or block == plan.out_shape[-1]):
         entry, arguments = special[0], (*special[1], block, *special[0].kinds)
     launch = plan.launches[threads] = Launch(units, chunks, entry, arguments, indices_arguments,
                                              {})
@@ -175,9 +177,9 @@ def _three_taps(plan: WindowPlan) -> bool:
 
 
 def _plane_window(plan: WindowPlan) -> bool:
-    """Whether planes.plane_mean_units serves the window: 3x3 taps, stride 1, no dilation,
-    pads of 0 or 1, over planes of 2x2 to planes.PLANE_ELEMENTS elements."""
-    return (plan.kernel_shape == (3, 3) and plan.strides == (1, 1) and plan.dilations == (1, 1)
+    """Whether planes.plane_mean_units serves the window: 3x3 taps, strides of 1 or 2, no
+    dilation, pads of 0 or 1, over planes of 2x2 to planes.PLANE_ELEMENTS elements."""
+    return (plan.kernel_shape == (3, 3) and max(plan.strides) <= 2 and plan.dilations == (1, 1)
             and max(plan.pads_begin + plan.pads_end) <= 1 and min(plan.spatial_in) >= 2
             and math.prod(plan.spatial_in) <= planes.PLANE_ELEMENTS)
 
@@ -278,7 +280,8 @@ def _specialized(plan: WindowPlan):
                        (float(plan.p), _sum_zero(plan), g["axes"], g["taps"], g["tap_offsets"],
                         g["divisor_counts"]))
     elif plan.op == "AveragePool" and _plane_window(plan):
-        special = (_PLANE_MEANS, (_sum_zero(plan), g["axes"], g["divisor_counts"]))
+        special = (_PLANE_MEANS[plan.strides[-1]],
+                   (_sum_zero(plan), g["axes"], g["divisor_counts"]))
     elif plan.op == "MaxPool":
         # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
         check_ties = plan.dtype.kind not in "iu"

@@ -42,7 +42,8 @@ def _windows():
     """(kernel_shape, strides, pads, LpPool's values of p, sides of the inputs) reaching
     every windowed kernel: the rank-generic ones (a padded 3x3 window; AveragePool's
     windows of another width come with the columns' below), AveragePool's 3x3 windows over
-    small planes (planes.py: a plane of 64x64 is past the parallel threshold), each of
+    small planes at strides 1 and 2 (planes.py: a plane of 64x64 is past the parallel
+    threshold), each of
     fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels (columns.column_units),
     one per kind of last-axis window (3-high windows: a 2x2 one would take a fixed window's
     kernel). LpPool compiles per kind of p (|x|, x ** 2, |x| ** 3, any other p): each kind
@@ -53,6 +54,7 @@ def _windows():
     sides = (4, 128)
     yield [3, 3], [1, 1], [1, 1, 1, 1], every_p, sides
     yield [3, 3], [1, 1], [1, 1, 1, 1], (), (64,)
+    yield [3, 3], [2, 2], [1, 1, 1, 1], (), (4, 64)
     for depth, height, width, step in fixed.FIXED_WINDOWS:
         kernel = [height, width] if depth == 1 else [depth, height, width]
         yield kernel, [1] * (len(kernel) - 1) + [step], None, every_p, sides

@@ -138,6 +138,15 @@ def _average_accumulation(x, attrs):
     return math.prod(attrs["kernel_shape"]) * unit * np.nan_to_num(magnitudes)
 
 
+def _assert_same_sums(got, generic):
+    """The same bits, zeros' signs included, but NaN for NaN: which NaN an addition gives
+    (a NaN operand's, or inf - inf's) depends on the order of its operands in the machine
+    code, which LLVM may swap."""
+    nan = np.isnan(got.astype(np.float64))
+    np.testing.assert_array_equal(nan, np.isnan(generic.astype(np.float64)))
+    assert got[~nan].tobytes() == generic[~nan].tobytes()
+
+
 def _generic_result(function, x, attrs, plan, target, name, value):
     """``function(x, **attrs)`` with ``target.name`` set to ``value`` to turn the specialized
     kernel away: the plan's launches (which hold the kernel chosen) are made again for the
@@ -318,7 +327,10 @@ def test_fixed_window_kernels(data):
     max_units, sum_units = fixed.FIXED_WINDOWS[(1, 2, 2, 2)]
     assert special is not None and special[0] in (max_units, *sum_units)
     generic = _generic_result(function, x, attrs, plan, fixed, "FIXED_WINDOWS", {})
-    assert got.tobytes() == generic.tobytes()
+    if op == "MaxPool":  # the winning element itself
+        assert got.tobytes() == generic.tobytes()
+    else:
+        _assert_same_sums(got, generic)
     if op != "MaxPool":
         _check_float(got, expected, x.dtype)
     else:
@@ -328,9 +340,9 @@ def test_fixed_window_kernels(data):
 @SETTINGS
 @given(st.data())
 def test_plane_kernel(data):
-    """AveragePool's 3x3 windows at stride 1 over small planes run a plane's rows at once
-    (planes.plane_mean_units): the reference's values, and the bits of the generic kernel,
-    zeros' signs and NaNs included."""
+    """AveragePool's 3x3 windows at strides of 1 and 2 over small planes run a plane's rows
+    at once (planes.plane_mean_units): the reference's values, and the bits of the generic
+    kernel, zeros' signs included."""
     from numbapool import _dispatch, _threads
 
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
@@ -338,8 +350,9 @@ def test_plane_kernel(data):
     shape = (data.draw(st.integers(1, 2)), 8, data.draw(st.integers(2, 8)),
              data.draw(st.integers(2, 8)))
     x = data.draw(array_of(dtype, shape))
-    attrs = dict(kernel_shape=[3, 3], pads=data.draw(st.lists(st.integers(0, 1), min_size=4,
-                                                               max_size=4)),
+    attrs = dict(kernel_shape=[3, 3],
+                 strides=data.draw(st.lists(st.integers(1, 2), min_size=2, max_size=2)),
+                 pads=data.draw(st.lists(st.integers(0, 1), min_size=4, max_size=4)),
                  ceil_mode=data.draw(st.integers(0, 1)),
                  count_include_pad=data.draw(st.integers(0, 1)))
     expected = _expected_or_same_error("AveragePool", numbapool.average_pool, x, attrs)
@@ -349,10 +362,10 @@ def test_plane_kernel(data):
     with numbapool.threads(2):
         got = numbapool.average_pool(x, **attrs)
         threads = 1 if _dispatch._runs_serially(plan) else _threads.get_num_threads()
-        assert _dispatch._launch(plan, threads).entry is _dispatch._PLANE_MEANS
+        assert _dispatch._launch(plan, threads).entry in _dispatch._PLANE_MEANS.values()
         generic = _generic_result(numbapool.average_pool, x, attrs, plan, _dispatch,
                                   "_plane_window", lambda plan: False)
-    assert got.tobytes() == generic.tobytes()
+    _assert_same_sums(got, generic)
     _check_float(got, expected, x.dtype, _average_accumulation(x, attrs))
 
 

@@ -34,8 +34,8 @@ CALLS = {
     "max_pool values": lambda x: numbapool.max_pool(x, [2, 2], dilations=[2, 1]),
     "average_pool": lambda x: numbapool.average_pool(x, [3, 3], pads=[1, 1, 1, 1],
                                                      count_include_pad=1),
-    # stride 2 along the first axis: the generic summing kernel, not the planes' (planes.py)
-    "average_pool strided": lambda x: numbapool.average_pool(x, [3, 3], strides=[2, 1],
+    # stride 3 along the first axis: the generic summing kernel, not the planes' (planes.py)
+    "average_pool strided": lambda x: numbapool.average_pool(x, [3, 3], strides=[3, 1],
                                                              pads=[1, 1, 1, 1]),
     "lp_pool": lambda x: numbapool.lp_pool(x, [2, 3], p=3, ceil_mode=1, strides=[2, 2]),
     "global_max_pool": numbapool.global_max_pool,

@@ -1,24 +1,26 @@
-"""Small planes: AveragePool's 3x3 window at stride 1 over a run of a plane's rows at once.
+"""Small planes: AveragePool's 3x3 windows over a run of a plane's rows at once.
 
-_dispatch chooses it for 2-D AveragePool windows of 3x3 taps with stride 1, no dilation
-and pads of 0 or 1 (every window then holds its centre), over planes of at least 2x2 and
-at most PLANE_ELEMENTS elements. The generic kernel (sums.py) pays per output row: placing
-it, its cache of input rows, the calls that sum a new input row and divide; on planes of
-56x56 and smaller that was most of its time. Here the row sums of every input row a run of
-output rows reads come from one loop over those rows as one array, the outputs at each
-row's two ends made again with their taps inside the row; each output row then adds its
-window's row sums and divides. Each sum is the generic kernel's, in its order (the taps
-of a row added to +0 left to right, then the rows added to +0 in order: docs/semantics.md),
-so the results are the same, bit for bit.
+_dispatch chooses it for 2-D AveragePool windows of 3x3 taps with strides of 1 or 2, no
+dilation and pads of 0 or 1 (every window then holds a tap of the input), over planes of
+at least 2x2 and at most PLANE_ELEMENTS elements. The generic kernel (sums.py) pays per
+output row: placing it, its cache of input rows, the calls that sum a new input row and
+divide; on planes of 56x56 and smaller that was most of its time. Here the row sums of
+every input row a run of output rows reads are made first, in a loop per row (at stride 1
+with pads of 1, one loop over those rows as one array), each row's border outputs again
+with their taps checked; each output row then adds its window's row sums and divides.
+Each sum is the generic kernel's, in its order (the taps of a row added to +0 left to
+right, then the rows added to +0 in order: docs/semantics.md), so the results are the
+same, bit for bit.
 """
 
 import numpy as np
 from numba import njit
 
-from .._plan import AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN
+from .._plan import AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
 from . import kernel
 from .codec import accumulator_array, as_accumulator, decode, encode
 from .sums import divisor_row
+from .units import interior_outputs
 
 # The largest plane served: past it the generic kernel's rows, cached in the nearest cache,
 # measured as fast (3x3 over 112x112 planes) or faster (224x224: 1.3x)
@@ -31,69 +33,119 @@ def _element(source, index, zero):
 
 
 @njit(inline="always")
-def _row_sums(source, start, rows, row_length, sums, zero):
-    """sums[i] = the sum of the taps inside the row of the 3 centred on source[start + i],
-    for the ``rows`` rows of ``row_length`` (at least 2) elements from ``start``."""
+def _row_sums(source, row_start, sums, at, out_width, lo, hi, step, left, width, zero):
+    """sums[at + o] = the sum of the taps inside the row of output o's window (3 taps from
+    o * step - left), for o < out_width; [lo, hi) the outputs whose taps all lie inside."""
+    one = np.uint64(1)  # unsigned offsets: a signed index would be checked for wraparound
+    for o in range(np.uint64(lo), np.uint64(hi)):
+        tap = row_start + o * step - np.uint64(left)
+        sums[at + o] = (((zero + _element(source, tap, zero)) + _element(source, tap + one, zero))
+                        + _element(source, tap + one + one, zero))
+    for o in range(lo):
+        sums[at + np.uint64(o)] = _border_sum(source, row_start, o, step, left, width, zero)
+    for o in range(hi, out_width):
+        sums[at + np.uint64(o)] = _border_sum(source, row_start, o, step, left, width, zero)
+
+
+@njit(inline="always")
+def _flat_row_sums(source, start, rows, width, sums, zero):
+    """_row_sums of ``rows`` rows from ``start`` at stride 1 with a pad of 1 on both sides
+    (as many outputs as elements, output o centred on element o): every output in one
+    loop over the rows as one array, as if each row went on into the next, then each row's
+    first and last outputs made again from their two taps inside."""
     one = np.uint64(1)
-    count = np.uint64(rows * row_length)
-    # every element as if its row went on: right but at each row's two ends
+    count = np.uint64(rows * width)
     for i in range(one, count - one):
         sums[i] = (((zero + _element(source, start + i - one, zero))
                     + _element(source, start + i, zero)) + _element(source, start + i + one, zero))
     for row in range(rows):
-        i = np.uint64(row * row_length)
+        i = np.uint64(row * width)
         sums[i] = (zero + _element(source, start + i, zero)) + _element(source, start + i + one,
                                                                          zero)
-        i += np.uint64(row_length) - one
+        i += np.uint64(width) - one
         sums[i] = (zero + _element(source, start + i - one, zero)) + _element(source, start + i,
                                                                               zero)
 
 
+@njit(inline="always")
+def _border_sum(source, row_start, o, step, left, width, zero):
+    """The sum of the taps inside the row of output o's window, checked one by one."""
+    total = zero
+    first = o * np.int64(step) - left
+    for tap in range(first, first + 3):
+        if 0 <= tap < width:
+            total += _element(source, row_start + np.uint64(tap), zero)
+    return total
+
+
+@njit(inline="always")
+def _means(sums, rows, at, stride, out, out_at, count, row_divisors, zero, y):
+    """out[out_at + o] = the window sum of output o, its ``rows`` (1 to 3) row sums from
+    sums[at + o] on, ``stride`` apart, added in order to a zero, divided; o < count."""
+    if rows == 3:
+        for o in range(count):
+            total = (((zero + sums[at + o]) + sums[at + stride + o])
+                     + sums[at + stride + stride + o])
+            out[out_at + o] = encode(total / row_divisors[o], y)
+    elif rows == 2:
+        for o in range(count):
+            total = (zero + sums[at + o]) + sums[at + stride + o]
+            out[out_at + o] = encode(total / row_divisors[o], y)
+    else:
+        for o in range(count):
+            out[out_at + o] = encode((zero + sums[at + o]) / row_divisors[o], y)
+
+
 @kernel(error_model="numpy")  # the divisors are at least 1: no check for zero in the loops
-def plane_mean_units(unit_begin, unit_end, x, y, zero, axes, divisor_counts, block):
+def plane_mean_units(unit_begin, unit_end, x, y, zero, axes, divisor_counts, block,
+                     column_step):
     """AveragePool over output rows [unit_begin, unit_end) (units: whole output rows, of
-    ``block`` outputs) of the 3x3 stride-1 windows this module serves, accumulated in the
-    type of ``zero``, divided by the product of ``divisor_counts`` over the two axes."""
+    ``block`` outputs) of the 3x3 windows this module serves, accumulated in the type of
+    ``zero``, divided by the product of ``divisor_counts`` over the two axes.
+    ``column_step``, the stride along the rows (1 or 2), arrives as a literal (entry.py):
+    each compiles its own loops, whose loads it makes constant."""
     height, width = axes[AXIS_IN, 0], axes[AXIS_IN, 1]
     out_height, out_width = axes[AXIS_OUT, 0], axes[AXIS_OUT, 1]
     top, left = axes[AXIS_PAD_BEGIN, 0], axes[AXIS_PAD_BEGIN, 1]
-    sums = accumulator_array(height * width, zero)
+    row_step = axes[AXIS_STRIDE, 0]
+    lo, hi = interior_outputs(axes, 3)
+    hi = max(lo, hi)
+    sums = accumulator_array(height * out_width, zero)
     row_divisors = accumulator_array(out_width, zero)
     divisors_leading = -1
     source = x.reshape(x.size)
     out = y.reshape(y.size)
-    stride = np.uint64(width)
+    stride = np.uint64(out_width)
     unit = unit_begin
     while unit < unit_end:
         plane = unit // out_height
         first = unit - plane * out_height
         end = min(out_height, first + unit_end - unit)  # output rows [first, end) here
-        # the input rows they read: each output row's centre row and the rows beside it
-        row_lo = max(0, first - top)
-        row_hi = min(height, end - top + 2)
-        _row_sums(source, np.uint64((plane * height + row_lo) * width), row_hi - row_lo, width,
-                  sums, zero)
+        # the input rows their windows read, each row's sums made once
+        row_lo = max(0, first * row_step - top)
+        row_hi = min(height, (end - 1) * row_step - top + 3)
+        if column_step == 1 and out_width == width:
+            _flat_row_sums(source, np.uint64((plane * height + row_lo) * width),
+                           row_hi - row_lo, width, sums, zero)
+        for row in range(row_lo, row_hi):
+            row_start = np.uint64((plane * height + row) * width)
+            at = np.uint64(row - row_lo) * stride
+            if column_step == 1 and out_width != width:
+                _row_sums(source, row_start, sums, at, out_width, lo, hi, np.uint64(1), left,
+                          width, zero)
+            elif column_step == 2:
+                _row_sums(source, row_start, sums, at, out_width, lo, hi, np.uint64(2), left,
+                          width, zero)
         for row in range(first, end):
             leading = divisor_counts[0, row]
             if leading != divisors_leading:
                 divisor_row(row_divisors, leading, divisor_counts, zero)
                 divisors_leading = leading
-            centre = row - top + 1
-            # the centre row's sum of output 0 in ``sums``, and output 0 in ``out``
-            middle = np.uint64(centre - row_lo) * stride + np.uint64(1 - left)
-            at = np.uint64((plane * out_height + row) * out_width)
-            count = np.uint64(out_width)
-            if 0 < centre < height - 1:
-                for o in range(count):
-                    total = ((zero + sums[middle - stride + o]) + sums[middle + o]) \
-                        + sums[middle + stride + o]
-                    out[at + o] = encode(total / row_divisors[o], y)
-            elif centre == 0:  # the row above lies in the pad
-                for o in range(count):
-                    total = (zero + sums[middle + o]) + sums[middle + stride + o]
-                    out[at + o] = encode(total / row_divisors[o], y)
-            else:  # the row below lies in the pad
-                for o in range(count):
-                    total = (zero + sums[middle - stride + o]) + sums[middle + o]
-                    out[at + o] = encode(total / row_divisors[o], y)
+            # the window's rows inside the input: one at least (pads of at most 1)
+            window_top = row * row_step - top
+            inside_top = max(window_top, 0)
+            rows = min(window_top + 3, height) - inside_top
+            _means(sums, rows, np.uint64(inside_top - row_lo) * stride, stride, out,
+                   np.uint64((plane * out_height + row) * out_width), np.uint64(out_width),
+                   row_divisors, zero, y)
         unit += end - first
