@@ -127,15 +127,11 @@ def plane_mean_units(unit_begin, unit_end, x, y, zero, axes, divisor_counts, blo
         if column_step == 1 and out_width == width:
             _flat_row_sums(source, np.uint64((plane * height + row_lo) * width),
                            row_hi - row_lo, width, sums, zero)
-        for row in range(row_lo, row_hi):
-            row_start = np.uint64((plane * height + row) * width)
-            at = np.uint64(row - row_lo) * stride
-            if column_step == 1 and out_width != width:
-                _row_sums(source, row_start, sums, at, out_width, lo, hi, np.uint64(1), left,
-                          width, zero)
-            elif column_step == 2:
-                _row_sums(source, row_start, sums, at, out_width, lo, hi, np.uint64(2), left,
-                          width, zero)
+        else:
+            for row in range(row_lo, row_hi):
+                _row_sums(source, np.uint64((plane * height + row) * width), sums,
+                          np.uint64(row - row_lo) * stride, out_width, lo, hi,
+                          np.uint64(column_step), left, width, zero)
         for row in range(first, end):
             leading = divisor_counts[0, row]
             if leading != divisors_leading:
