@@ -186,6 +186,23 @@ def first_maxima(x):
     return expected
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_global_max_at_every_place(dtype):
+    # GlobalMaxPool reads a channel 512 bits at a time, its last elements in one masked load
+    # (vectors.vector_key_max): the largest element, a NaN or a zero at each place of
+    # channels whose lengths lie around the vector widths of every dtype
+    for length in (1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 49, 64, 65):
+        negatives = -np.arange(1, length + 1, dtype=np.float64)
+        channels = []
+        for place in range(length):
+            for value in (1.0, np.nan, 0.0, -0.0):
+                channel = negatives.copy()
+                channel[place] = value
+                channels.append(channel)
+        x = np.array(channels).astype(dtype).reshape(1, len(channels), length)
+        assert numbapool.global_max_pool(x).tobytes() == first_maxima(x).tobytes(), length
+
+
 @SETTINGS
 @given(st.data())
 def test_global_pools(data):

@@ -23,7 +23,7 @@ from . import kernel
 from .entry import EntryPoint
 from .maxima import fold_max
 from .sums import lp_root, lp_term
-from .vectors import STORAGE, vector_sums_long, vector_sums_short
+from .vectors import STORAGE, vector_key_max, vector_sums_long, vector_sums_short
 
 # Runs of channels the parallel driver deals out, at most: the loops live in plain
 # functions, which numba optimizes better than code inside the parallel region.
@@ -67,7 +67,7 @@ def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, s
     """The first largest element of each channel, bit for bit; a NaN gives the first NaN.
 
     Each channel's maximum as an integer maximum of order keys over ``bits`` (the
-    elements' bit patterns as signed integers), which vectorizes. Equal floats other than
+    elements' bit patterns as signed integers), in explicit vectors (vectors.py). Equal floats other than
     zeros and NaNs have equal bits, so that maximum is the first maximum; a channel whose
     maximum is a zero (+0 and -0 tie) or that holds a NaN is scanned again in order.
     ``magnitude_mask``, ``inf_bits`` and ``sign_shift`` have the type of ``bits``, so that
@@ -80,12 +80,8 @@ def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, s
         base = np.uint64(nc) * size
         if short:
             prefetch_ahead(flat_bits, base, size)
-        best_key = order_key(flat_bits[base], magnitude_mask, sign_shift)
-        largest_magnitude = np.bitwise_and(flat_bits[base], magnitude_mask)
-        for i in range(size):
-            element = flat_bits[base + np.uint64(i)]
-            best_key = max(best_key, order_key(element, magnitude_mask, sign_shift))
-            largest_magnitude = max(largest_magnitude, np.bitwise_and(element, magnitude_mask))
+        best_key, largest_magnitude = vector_key_max(flat_bits, base, size, magnitude_mask,
+                                                     sign_shift)
         best = order_key(best_key, magnitude_mask, sign_shift)  # the key's own inverse
         if largest_magnitude > inf_bits or best & magnitude_mask == 0:
             y[nc] = channel_max(flat, base, size)

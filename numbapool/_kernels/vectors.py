@@ -6,6 +6,7 @@ horizontal sum. On a channel of 7x7 the body runs once and the leftovers cost th
 Here the body is 8 wide (32 wide in four accumulators for long channels), and the
 elements left come in masked loads, which read nothing past the channel. float32
 elements, and float16 and bfloat16 ones as codec.py stores them, decoded 8 at a time.
+GlobalMaxPool's maximum of a channel's order keys (vector_key_max) goes the same way.
 """
 
 from llvmlite import ir
@@ -138,3 +139,85 @@ def _vector_sums(accumulators):
 # one accumulator for short channels (its horizontal sum is the cost there), four for long
 vector_sums_short = _vector_sums(1)
 vector_sums_long = _vector_sums(4)
+
+
+@intrinsic
+def vector_key_max(typingctx, bits, start, count, magnitude_mask, sign_shift):
+    """``(bits, start, count, magnitude_mask, sign_shift) -> (largest key, largest
+    magnitude)`` over the signed integers bits[start:start + count] (a channel's float
+    bit patterns, count >= 1): the largest of their order keys (global_.order_key: bits
+    ^ ((bits >> sign_shift) & magnitude_mask)) and of their magnitudes (bits &
+    magnitude_mask), each a 512-bit vector at a time, the last elements in one masked
+    load whose lanes past the end take no part."""
+    if not (isinstance(bits, types.Array) and isinstance(bits.dtype, types.Integer)
+            and bits.dtype.signed and bits.dtype.bitwidth in (16, 32, 64)):
+        return None
+    element = bits.dtype
+    signature = types.UniTuple(element, 2)(bits, types.uint64, types.uint64, element, element)
+    lanes = 512 // element.bitwidth
+    scalar = ir.IntType(element.bitwidth)
+    vector = ir.VectorType(scalar, lanes)
+    suffix = f"v{lanes}i{element.bitwidth}"
+
+    def splat(builder, value):
+        v = builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(_I32, 0))
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        start, count = args[1], args[2]
+        mask, shift = splat(builder, args[3]), splat(builder, args[4])
+        smallest = ir.Constant(vector, [-(1 << (element.bitwidth - 1))] * lanes)
+        pointer = vector.as_pointer()
+        whole = builder.and_(count, ir.Constant(_I64, -lanes))
+
+        def keys_and_magnitudes(loaded):
+            key = builder.xor(loaded, builder.and_(builder.ashr(loaded, shift), mask))
+            return key, builder.and_(loaded, mask)
+
+        def fold(best, new):
+            return tuple(builder.select(builder.icmp_signed(">", a, b), a, b)
+                         for a, b in zip(best, new))
+
+        entry = builder.block
+        head = builder.append_basic_block("keys.head")
+        body = builder.append_basic_block("keys.body")
+        tail = builder.append_basic_block("keys.tail")
+        builder.branch(head)
+        builder.position_at_end(head)
+        i = builder.phi(_I64)
+        i.add_incoming(ir.Constant(_I64, 0), entry)
+        best = builder.phi(vector), builder.phi(vector)
+        best[0].add_incoming(smallest, entry)
+        best[1].add_incoming(ir.Constant(vector, [0] * lanes), entry)
+        builder.cbranch(builder.icmp_unsigned("<", i, whole), body, tail)
+
+        builder.position_at_end(body)
+        at = builder.bitcast(builder.gep(data, [builder.add(start, i)]), pointer)
+        folded = fold(best, keys_and_magnitudes(builder.load(at, align=2)))
+        for phi, value in zip(best, folded):
+            phi.add_incoming(value, body)
+        i.add_incoming(builder.add(i, ir.Constant(_I64, lanes)), body)
+        builder.branch(head)
+
+        builder.position_at_end(tail)
+        left = builder.insert_element(ir.Constant(ir.VectorType(_I64, lanes), ir.Undefined),
+                                      builder.sub(count, whole), ir.Constant(_I32, 0))
+        left = builder.shuffle_vector(left, left,
+                                      ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
+        inside = builder.icmp_unsigned("<", ir.Constant(ir.VectorType(_I64, lanes),
+                                                        list(range(lanes))), left)
+        masked_load = _declare(builder, f"llvm.masked.load.{suffix}.p0", vector,
+                               [pointer, _I32, ir.VectorType(_I1, lanes), vector])
+        loaded = builder.call(masked_load, [
+            builder.bitcast(builder.gep(data, [builder.add(start, whole)]), pointer),
+            ir.Constant(_I32, 2), inside, ir.Constant(vector, None)])
+        key, magnitude = keys_and_magnitudes(loaded)
+        key = builder.select(inside, key, smallest)  # lanes past the end: no part
+        magnitude = builder.select(inside, magnitude, ir.Constant(vector, [0] * lanes))
+        best = fold(best, (key, magnitude))
+        results = [builder.call(_declare(builder, f"llvm.vector.reduce.smax.{suffix}", scalar,
+                                         [vector]), [value]) for value in best]
+        return context.make_tuple(builder, signature.return_type, results)
+
+    return signature, codegen
