@@ -257,8 +257,8 @@ def _specialized(plan: WindowPlan):
     that a specialized kernel serves, else None; kept on the plan, so that a repeated call
     does no work here. Measured faster than the rank-generic kernels (docs/performance.md):
     a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool, LpPool), AveragePool's 3x3 windows
-    at stride 1 over small planes (planes.plane_mean_units), else, for every other MaxPool,
-    the input-rows-first columns.column_units for its kind."""
+    at strides of 1 or 2 over small planes (planes.plane_mean_units), else, for every other
+    MaxPool, the input-rows-first columns.column_units for its kind."""
     try:
         return plan.launches["special"]
     except KeyError:

@@ -67,9 +67,10 @@ def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, s
     """The first largest element of each channel, bit for bit; a NaN gives the first NaN.
 
     Each channel's maximum as an integer maximum of order keys over ``bits`` (the
-    elements' bit patterns as signed integers), in explicit vectors (vectors.py). Equal floats other than
-    zeros and NaNs have equal bits, so that maximum is the first maximum; a channel whose
-    maximum is a zero (+0 and -0 tie) or that holds a NaN is scanned again in order.
+    elements' bit patterns as signed integers), in explicit vectors (vectors.py). Equal
+    floats other than zeros and NaNs have equal bits, so that maximum is the first maximum;
+    a channel whose maximum is a zero (+0 and -0 tie) or that holds a NaN is scanned again
+    in order.
     ``magnitude_mask``, ``inf_bits`` and ``sign_shift`` have the type of ``bits``, so that
     the integer arithmetic stays in that width: as many elements per vector as the dtype
     allows."""
