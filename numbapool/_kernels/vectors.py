@@ -18,12 +18,55 @@ WIDTH = 8  # float64 lanes in a 512-bit vector
 _I1, _I32, _I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
 _F32, _F64 = ir.FloatType(), ir.DoubleType()
 _V32, _V64 = ir.VectorType(_F32, WIDTH), ir.VectorType(_F64, WIDTH)
-_VI32, _VI64 = ir.VectorType(_I32, WIDTH), ir.VectorType(_I64, WIDTH)
+_VI32 = ir.VectorType(_I32, WIDTH)
 
 
 def _declare(builder, name, result, arguments):
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, arguments),
                                           name)
+
+
+def _splat(builder, value, lanes):
+    """A vector of ``lanes`` copies of ``value``."""
+    vector = ir.VectorType(value.type, lanes)
+    first = builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(first, first,
+                                  ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
+
+
+def _vector_loop(builder, count, step, initial, add):
+    """Emit a loop over i in [0, whole) by ``step``, ``whole`` the multiple of ``step``
+    (a power of two) at most ``count``, carrying the LLVM values ``initial``: each pass
+    replaces them with ``add(i, values)``. Returns (the values after it, ``whole``), the
+    builder placed after the loop, where the elements [whole, count) remain."""
+    whole = builder.and_(count, ir.Constant(_I64, -step))
+    entry = builder.block
+    head = builder.append_basic_block("vectors.head")
+    body = builder.append_basic_block("vectors.body")
+    tail = builder.append_basic_block("vectors.tail")
+    builder.branch(head)
+    builder.position_at_end(head)
+    i = builder.phi(_I64)
+    i.add_incoming(ir.Constant(_I64, 0), entry)
+    values = [builder.phi(value.type) for value in initial]
+    for phi, value in zip(values, initial):
+        phi.add_incoming(value, entry)
+    builder.cbranch(builder.icmp_unsigned("<", i, whole), body, tail)
+    builder.position_at_end(body)
+    for phi, value in zip(values, add(i, values)):
+        phi.add_incoming(value, body)
+    i.add_incoming(builder.add(i, ir.Constant(_I64, step)), body)
+    builder.branch(head)
+    builder.position_at_end(tail)
+    return values, whole
+
+
+def _left_lanes(builder, count, whole, first, lanes):
+    """Which of the lanes [first, first + lanes) hold one of the count - whole elements
+    left after _vector_loop: the mask of a masked load."""
+    lane_numbers = ir.Constant(ir.VectorType(_I64, lanes), list(range(first, first + lanes)))
+    return builder.icmp_unsigned("<", lane_numbers,
+                                 _splat(builder, builder.sub(count, whole), lanes))
 
 
 def _float32_vector(builder, loaded, storage):
@@ -67,8 +110,6 @@ def _vector_sums(accumulators):
             start, count = args[1], args[2]
             pointer = stored.as_pointer()
             magnitude_bits = ir.Constant(_VI32, [0x7FFFFFFF] * WIDTH)
-            step = WIDTH * accumulators
-            whole = builder.and_(count, ir.Constant(_I64, -step))
 
             def vector_at(offset):
                 return builder.bitcast(builder.gep(data, [builder.add(start, offset)]), pointer)
@@ -80,46 +121,27 @@ def _vector_sums(accumulators):
                 return (builder.fadd(total, builder.fpext(vector, _V64)),
                         builder.fadd(magnitudes, builder.bitcast(magnitude, _V32)))
 
-            entry = builder.block
-            head = builder.append_basic_block("sums.head")
-            body = builder.append_basic_block("sums.body")
-            tail = builder.append_basic_block("sums.tail")
-            builder.branch(head)
-            builder.position_at_end(head)
-            i = builder.phi(_I64)
-            i.add_incoming(ir.Constant(_I64, 0), entry)
-            phis = []
-            for _ in range(accumulators):
-                pair = builder.phi(_V64), builder.phi(_V32)
-                pair[0].add_incoming(ir.Constant(_V64, [0.0] * WIDTH), entry)
-                pair[1].add_incoming(ir.Constant(_V32, [0.0] * WIDTH), entry)
-                phis.append(pair)
-            builder.cbranch(builder.icmp_unsigned("<", i, whole), body, tail)
+            def add_vectors(i, values):  # values: (total, magnitudes) per accumulator
+                added = []
+                for k in range(accumulators):
+                    loaded = builder.load(vector_at(builder.add(i, ir.Constant(_I64, k * WIDTH))),
+                                          align=2)
+                    added += add(values[2 * k:2 * k + 2], loaded)
+                return added
 
-            builder.position_at_end(body)
-            for k, pair in enumerate(phis):
-                vector = builder.load(vector_at(builder.add(i, ir.Constant(_I64, k * WIDTH))),
-                                      align=2)
-                for phi, value in zip(pair, add(pair, vector)):
-                    phi.add_incoming(value, body)
-            i.add_incoming(builder.add(i, ir.Constant(_I64, step)), body)
-            builder.branch(head)
-
-            # up to step - 1 elements left: one masked load per accumulator
-            builder.position_at_end(tail)
+            zeros = [ir.Constant(_V64, [0.0] * WIDTH), ir.Constant(_V32, [0.0] * WIDTH)]
+            values, whole = _vector_loop(builder, count, WIDTH * accumulators,
+                                         zeros * accumulators, add_vectors)
+            # up to WIDTH * accumulators - 1 elements left: one masked load per accumulator
             masked_load = _declare(builder, f"llvm.masked.load.{suffix}.p0", stored,
                                    [pointer, _I32, ir.VectorType(_I1, WIDTH), stored])
-            left = builder.insert_element(ir.Constant(_VI64, ir.Undefined),
-                                          builder.sub(count, whole), ir.Constant(_I32, 0))
-            left = builder.shuffle_vector(left, left, ir.Constant(_VI32, [0] * WIDTH))
             sums = None
-            for k, pair in enumerate(phis):
-                lanes = ir.Constant(_VI64, [k * WIDTH + lane for lane in range(WIDTH)])
-                vector = builder.call(masked_load, [
+            for k in range(accumulators):
+                loaded = builder.call(masked_load, [
                     vector_at(builder.add(whole, ir.Constant(_I64, k * WIDTH))),
-                    ir.Constant(_I32, 2), builder.icmp_unsigned("<", lanes, left),
+                    ir.Constant(_I32, 2), _left_lanes(builder, count, whole, k * WIDTH, WIDTH),
                     ir.Constant(stored, None)])
-                pair = add(pair, vector)
+                pair = add(values[2 * k:2 * k + 2], loaded)
                 sums = pair if sums is None else tuple(builder.fadd(a, b)
                                                        for a, b in zip(sums, pair))
             total = builder.call(_declare(builder, "llvm.vector.reduce.fadd.v8f64", _F64,
@@ -159,59 +181,33 @@ def vector_key_max(typingctx, bits, start, count, magnitude_mask, sign_shift):
     vector = ir.VectorType(scalar, lanes)
     suffix = f"v{lanes}i{element.bitwidth}"
 
-    def splat(builder, value):
-        v = builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(_I32, 0))
-        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
-
     def codegen(context, builder, signature, args):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
         start, count = args[1], args[2]
-        mask, shift = splat(builder, args[3]), splat(builder, args[4])
+        mask, shift = _splat(builder, args[3], lanes), _splat(builder, args[4], lanes)
         smallest = ir.Constant(vector, [-(1 << (element.bitwidth - 1))] * lanes)
         pointer = vector.as_pointer()
-        whole = builder.and_(count, ir.Constant(_I64, -lanes))
+
+        def vector_at(offset):
+            return builder.bitcast(builder.gep(data, [builder.add(start, offset)]), pointer)
 
         def keys_and_magnitudes(loaded):
             key = builder.xor(loaded, builder.and_(builder.ashr(loaded, shift), mask))
             return key, builder.and_(loaded, mask)
 
         def fold(best, new):
-            return tuple(builder.select(builder.icmp_signed(">", a, b), a, b)
-                         for a, b in zip(best, new))
+            return [builder.select(builder.icmp_signed(">", a, b), a, b)
+                    for a, b in zip(best, new)]
 
-        entry = builder.block
-        head = builder.append_basic_block("keys.head")
-        body = builder.append_basic_block("keys.body")
-        tail = builder.append_basic_block("keys.tail")
-        builder.branch(head)
-        builder.position_at_end(head)
-        i = builder.phi(_I64)
-        i.add_incoming(ir.Constant(_I64, 0), entry)
-        best = builder.phi(vector), builder.phi(vector)
-        best[0].add_incoming(smallest, entry)
-        best[1].add_incoming(ir.Constant(vector, [0] * lanes), entry)
-        builder.cbranch(builder.icmp_unsigned("<", i, whole), body, tail)
-
-        builder.position_at_end(body)
-        at = builder.bitcast(builder.gep(data, [builder.add(start, i)]), pointer)
-        folded = fold(best, keys_and_magnitudes(builder.load(at, align=2)))
-        for phi, value in zip(best, folded):
-            phi.add_incoming(value, body)
-        i.add_incoming(builder.add(i, ir.Constant(_I64, lanes)), body)
-        builder.branch(head)
-
-        builder.position_at_end(tail)
-        left = builder.insert_element(ir.Constant(ir.VectorType(_I64, lanes), ir.Undefined),
-                                      builder.sub(count, whole), ir.Constant(_I32, 0))
-        left = builder.shuffle_vector(left, left,
-                                      ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
-        inside = builder.icmp_unsigned("<", ir.Constant(ir.VectorType(_I64, lanes),
-                                                        list(range(lanes))), left)
+        best, whole = _vector_loop(
+            builder, count, lanes, [smallest, ir.Constant(vector, [0] * lanes)],
+            lambda i, best: fold(best, keys_and_magnitudes(builder.load(vector_at(i),
+                                                                        align=2))))
+        inside = _left_lanes(builder, count, whole, 0, lanes)
         masked_load = _declare(builder, f"llvm.masked.load.{suffix}.p0", vector,
                                [pointer, _I32, ir.VectorType(_I1, lanes), vector])
-        loaded = builder.call(masked_load, [
-            builder.bitcast(builder.gep(data, [builder.add(start, whole)]), pointer),
-            ir.Constant(_I32, 2), inside, ir.Constant(vector, None)])
+        loaded = builder.call(masked_load, [vector_at(whole), ir.Constant(_I32, 2), inside,
+                                            ir.Constant(vector, None)])
         key, magnitude = keys_and_magnitudes(loaded)
         key = builder.select(inside, key, smallest)  # lanes past the end: no part
         magnitude = builder.select(inside, magnitude, ir.Constant(vector, [0] * lanes))
