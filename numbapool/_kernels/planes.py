@@ -19,7 +19,7 @@ from numba import njit
 from .._plan import AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
 from . import kernel
 from .codec import accumulator_array, as_accumulator, decode, encode
-from .sums import divisor_row
+from .sums import border_row_sum, divisor_row
 from .units import interior_outputs
 
 # The largest plane served: past it the generic kernel's rows, cached in the nearest cache,
@@ -33,18 +33,19 @@ def _element(source, index, zero):
 
 
 @njit(inline="always")
-def _row_sums(source, row_start, sums, at, out_width, lo, hi, step, left, width, zero):
+def _row_sums(source, row_start, sums, at, out_width, lo, hi, step, left, axes, zero):
     """sums[at + o] = the sum of the taps inside the row of output o's window (3 taps from
-    o * step - left), for o < out_width; [lo, hi) the outputs whose taps all lie inside."""
+    o * step - left), for o < out_width; [lo, hi) the outputs whose taps all lie inside
+    (the others: sums.border_row_sum)."""
     one = np.uint64(1)  # unsigned offsets: a signed index would be checked for wraparound
     for o in range(np.uint64(lo), np.uint64(hi)):
         tap = row_start + o * step - np.uint64(left)
         sums[at + o] = (((zero + _element(source, tap, zero)) + _element(source, tap + one, zero))
                         + _element(source, tap + one + one, zero))
     for o in range(lo):
-        sums[at + np.uint64(o)] = _border_sum(source, row_start, o, step, left, width, zero)
+        sums[at + np.uint64(o)] = border_row_sum(source, np.int64(row_start), o, 3, axes, zero)
     for o in range(hi, out_width):
-        sums[at + np.uint64(o)] = _border_sum(source, row_start, o, step, left, width, zero)
+        sums[at + np.uint64(o)] = border_row_sum(source, np.int64(row_start), o, 3, axes, zero)
 
 
 @njit(inline="always")
@@ -65,17 +66,6 @@ def _flat_row_sums(source, start, rows, width, sums, zero):
         i += np.uint64(width) - one
         sums[i] = (zero + _element(source, start + i - one, zero)) + _element(source, start + i,
                                                                               zero)
-
-
-@njit(inline="always")
-def _border_sum(source, row_start, o, step, left, width, zero):
-    """The sum of the taps inside the row of output o's window, checked one by one."""
-    total = zero
-    first = o * np.int64(step) - left
-    for tap in range(first, first + 3):
-        if 0 <= tap < width:
-            total += _element(source, row_start + np.uint64(tap), zero)
-    return total
 
 
 @njit(inline="always")
@@ -131,7 +121,7 @@ def plane_mean_units(unit_begin, unit_end, x, y, zero, axes, divisor_counts, blo
             for row in range(row_lo, row_hi):
                 _row_sums(source, np.uint64((plane * height + row) * width), sums,
                           np.uint64(row - row_lo) * stride, out_width, lo, hi,
-                          np.uint64(column_step), left, width, zero)
+                          np.uint64(column_step), left, axes, zero)
         for row in range(first, end):
             leading = divisor_counts[0, row]
             if leading != divisors_leading:

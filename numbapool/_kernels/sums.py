@@ -167,7 +167,7 @@ def _row_window_sums(source, row_start, target, base, first, lo, hi, width, step
 
 
 @njit(inline="always")
-def _border_row_sum(source, row_start, o, width, axes, zero):
+def border_row_sum(source, row_start, o, width, axes, zero):
     """AveragePool's row sum for output o, its taps checked one by one (dilation 1)."""
     last = axes.shape[1] - 1
     total = zero
@@ -192,9 +192,9 @@ def three_tap_row_sums(source, row_start, first, end, step, target, base, zero, 
         _row_window_sums(source, row_start, target, base, first, lo, hi, 3, np.uint64(2), axes,
                          zero)
     for o in range(first, lo):
-        target[base + np.uint64(o - first)] = _border_row_sum(source, row_start, o, 3, axes, zero)
+        target[base + np.uint64(o - first)] = border_row_sum(source, row_start, o, 3, axes, zero)
     for o in range(hi, end):
-        target[base + np.uint64(o - first)] = _border_row_sum(source, row_start, o, 3, axes, zero)
+        target[base + np.uint64(o - first)] = border_row_sum(source, row_start, o, 3, axes, zero)
 
 
 @kernel()  # not inlined, as max_over_last_axis
