@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _threads
-from ._kernels import columns, fixed, global_, maxima, parallel, planes, sums, unpool
+from ._kernels import columns, fixed, global_, maxima, parallel, planes, sums, unpool, wide
 from ._kernels.entry import EntryPoint
 from ._plan import BFLOAT16, UnpoolPlan, WindowPlan, global_plan, window_extents
 
@@ -41,6 +41,10 @@ _SUM_POOLS = {(p_kind, three_taps): EntryPoint(sums.sum_pool_units, (p_kind, thr
 _GLOBAL_MAX = EntryPoint(global_.global_max_units, inputs=2)  # x and its bits
 # AveragePool's 3x3 windows over small planes, per stride along the rows (1 or 2)
 _PLANE_MEANS = {step: EntryPoint(planes.plane_mean_units, (step,)) for step in (1, 2)}
+# AveragePool's wide 2-D windows, per stride along the rows (1 or 2)
+_WIDE_MEANS = {step: EntryPoint(wide.wide_mean_units, (step,)) for step in (1, 2)}
+# the kernels whose units must be whole output rows
+_ROW_KERNELS = (*_PLANE_MEANS.values(), *_WIDE_MEANS.values())
 
 # Global pooling calls seen, keyed by (op, shape, dtype, p): see _global_call
 _GLOBAL_CALLS: dict = {}
@@ -107,9 +111,9 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
                      g["tap_outputs"], g["lead_rows"], g["divisor_counts"], block, slots,
                      *entry.kinds)
     special = _specialized(plan)
-    # the planes' kernel takes whole output rows: not the parts of rows of a small call
-    if special is not None and (special[0] not in _PLANE_MEANS.values()
-                                or block == plan.out_shape[-1]):
+    # the planes' and wide windows' kernels take whole output rows: not the parts of rows
+    # of a small call
+    if special is not None and (special[0] not in _ROW_KERNELS or block == plan.out_shape[-1]):
         entry, arguments = special[0], (*special[1], block, *special[0].kinds)
     launch = plan.launches[threads] = Launch(units, chunks, entry, arguments, indices_arguments,
                                              {})
@@ -182,6 +186,14 @@ def _plane_window(plan: WindowPlan) -> bool:
     return (plan.kernel_shape == (3, 3) and max(plan.strides) <= 2 and plan.dilations == (1, 1)
             and max(plan.pads_begin + plan.pads_end) <= 1 and min(plan.spatial_in) >= 2
             and math.prod(plan.spatial_in) <= planes.PLANE_ELEMENTS)
+
+
+def _wide_window(plan: WindowPlan) -> bool:
+    """Whether wide.wide_mean_units serves the window: 2-D, no dilation, a stride of 1 or 2
+    along the rows, and not 3 taps wide (the generic kernel's three_tap_row_sums takes those
+    rows in one loop body, with no padded copy: measured faster)."""
+    return (len(plan.kernel_shape) == 2 and plan.dilations == (1, 1)
+            and plan.strides[-1] <= 2 and plan.kernel_shape[-1] != 3)
 
 
 def _p_kind(op: str, p: float) -> int:
@@ -257,8 +269,9 @@ def _specialized(plan: WindowPlan):
     that a specialized kernel serves, else None; kept on the plan, so that a repeated call
     does no work here. Measured faster than the rank-generic kernels (docs/performance.md):
     a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool, LpPool), AveragePool's 3x3 windows
-    at strides of 1 or 2 over small planes (planes.plane_mean_units), else, for every other
-    MaxPool, the input-rows-first columns.column_units for its kind."""
+    at strides of 1 or 2 over small planes (planes.plane_mean_units), AveragePool's other
+    2-D windows not 3 taps wide at steps of 1 or 2 along the rows (wide.wide_mean_units),
+    else, for every other MaxPool, the input-rows-first columns.column_units for its kind."""
     try:
         return plan.launches["special"]
     except KeyError:
@@ -281,6 +294,9 @@ def _specialized(plan: WindowPlan):
                         g["divisor_counts"]))
     elif plan.op == "AveragePool" and _plane_window(plan):
         special = (_PLANE_MEANS[plan.strides[-1]],
+                   (_sum_zero(plan), g["axes"], g["divisor_counts"]))
+    elif plan.op == "AveragePool" and _wide_window(plan):
+        special = (_WIDE_MEANS[plan.strides[-1]],
                    (_sum_zero(plan), g["axes"], g["divisor_counts"]))
     elif plan.op == "MaxPool":
         # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8

@@ -41,18 +41,19 @@ def _choose(what: str, given, known: dict) -> list:
 def _windows():
     """(kernel_shape, strides, pads, LpPool's values of p, sides of the inputs) reaching
     every windowed kernel: the rank-generic ones (a padded 3x3 window; AveragePool's
-    windows of another width come with the columns' below), AveragePool's 3x3 windows over
-    small planes at strides 1 and 2 (planes.py: a plane of 64x64 is past the parallel
-    threshold), each of
-    fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels (columns.column_units),
+    windows of another width over one axis), AveragePool's 3x3 windows over small planes
+    at strides 1 and 2 (planes.py: a plane of 64x64 is past the parallel threshold), each
+    of fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels (columns.column_units),
     one per kind of last-axis window (3-high windows: a 2x2 one would take a fixed window's
-    kernel). LpPool compiles per kind of p (|x|, x ** 2, |x| ** 3, any other p): each kind
-    in the generic and the fixed windows."""
+    kernel), which are also AveragePool's wide windows (wide.py) at steps 1 and 2. LpPool
+    compiles per kind of p (|x|, x ** 2, |x| ** 3, any other p): each kind in the generic
+    and the fixed windows."""
     from ._kernels import columns, fixed
 
     every_p = (1, 2, 3, 0.5)
     sides = (4, 128)
     yield [3, 3], [1, 1], [1, 1, 1, 1], every_p, sides
+    yield [4], [1], None, (), sides
     yield [3, 3], [1, 1], [1, 1, 1, 1], (), (64,)
     yield [3, 3], [2, 2], [1, 1, 1, 1], (), (4, 64)
     for depth, height, width, step in fixed.FIXED_WINDOWS:

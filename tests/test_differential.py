@@ -56,6 +56,26 @@ def array_of(draw, dtype, shape, allow_special=True):
     return np.array(values, dtype=np.float64).astype(dtype).reshape(shape)
 
 
+# Per float dtype, (L, s): powers of two where L + s loses s in the accumulator (float32
+# for 16-bit and float32 inputs), so that a sum of +-L and +-s depends on its order
+_ORDER_SENSITIVE = {np.dtype(np.float16): (2.0 ** 15, 2.0 ** -10),
+                    np.dtype(ml_dtypes.bfloat16): (2.0 ** 30, 1.0),
+                    np.dtype(np.float32): (2.0 ** 30, 1.0),
+                    np.dtype(np.float64): (2.0 ** 60, 1.0)}
+
+
+@st.composite
+def order_sensitive_array(draw, dtype, shape):
+    """array_of's values, or values whose sums round differently in another order."""
+    if draw(st.booleans()):
+        return draw(array_of(dtype, shape))
+    large, small = _ORDER_SENSITIVE[dtype]
+    pool = [large, -large, small, -small, 3 * small, 0.0, -0.0]
+    values = draw(st.lists(st.sampled_from(pool), min_size=math.prod(shape),
+                           max_size=math.prod(shape)))
+    return np.array(values, dtype=np.float64).astype(dtype).reshape(shape)
+
+
 @st.composite
 def window_attributes(draw, rank, with_dilations=True):
     kernel = draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
@@ -147,18 +167,24 @@ def _assert_same_sums(got, generic):
     assert got[~nan].tobytes() == generic[~nan].tobytes()
 
 
-def _generic_result(function, x, attrs, plan, target, name, value):
-    """``function(x, **attrs)`` with ``target.name`` set to ``value`` to turn the specialized
-    kernel away: the plan's launches (which hold the kernel chosen) are made again for the
-    call, which must run the rank-generic summing kernel or MaxPool's columns, and after it."""
+def _generic_result(function, x, attrs, plan, *patches):
+    """``function(x, **attrs)`` with each (target, name, value) of ``patches`` set, to turn
+    the specialized kernels away: the plan's launches (which hold the kernel chosen) are
+    made again for the call, which must run the rank-generic summing kernel or MaxPool's
+    columns, and after it."""
+    from contextlib import ExitStack
     from unittest import mock
 
-    with mock.patch.object(target, name, value):
+    with ExitStack() as stack:
+        for target, name, value in patches:
+            stack.enter_context(mock.patch.object(target, name, value))
         plan.launches.clear()
-        result = function(x, **attrs)
-        assert {launch.entry.kernel.__name__ for key, launch in plan.launches.items()
-                if isinstance(key, int)} <= {"sum_pool_units", "column_units"}
-    plan.launches.clear()
+        try:
+            result = function(x, **attrs)
+            assert {launch.entry.kernel.__name__ for key, launch in plan.launches.items()
+                    if isinstance(key, int)} <= {"sum_pool_units", "column_units"}
+        finally:
+            plan.launches.clear()
     return result
 
 
@@ -343,7 +369,8 @@ def test_fixed_window_kernels(data):
     special = _dispatch._specialized(plan)
     max_units, sum_units = fixed.FIXED_WINDOWS[(1, 2, 2, 2)]
     assert special is not None and special[0] in (max_units, *sum_units)
-    generic = _generic_result(function, x, attrs, plan, fixed, "FIXED_WINDOWS", {})
+    generic = _generic_result(function, x, attrs, plan, (fixed, "FIXED_WINDOWS", {}),
+                              (_dispatch, "_wide_window", lambda plan: False))
     if op == "MaxPool":  # the winning element itself
         assert got.tobytes() == generic.tobytes()
     else:
@@ -380,8 +407,42 @@ def test_plane_kernel(data):
         got = numbapool.average_pool(x, **attrs)
         threads = 1 if _dispatch._runs_serially(plan) else _threads.get_num_threads()
         assert _dispatch._launch(plan, threads).entry in _dispatch._PLANE_MEANS.values()
-        generic = _generic_result(numbapool.average_pool, x, attrs, plan, _dispatch,
-                                  "_plane_window", lambda plan: False)
+        generic = _generic_result(numbapool.average_pool, x, attrs, plan,
+                                  (_dispatch, "_plane_window", lambda plan: False))
+    _assert_same_sums(got, generic)
+    _check_float(got, expected, x.dtype, _average_accumulation(x, attrs))
+
+
+@SETTINGS
+@given(st.data())
+def test_wide_window_kernel(data):
+    """AveragePool's 2-D windows other than 3 taps wide, at steps of 1 and 2 along the rows,
+    take each input row padded with zeros (wide.wide_mean_units): the reference's values,
+    and the bits of the generic kernel, zeros' signs included, whatever the pads."""
+    from numbapool import _dispatch, _threads
+
+    dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
+    # channels enough that the output rows are whole units on two threads (_work_split)
+    shape = (data.draw(st.integers(1, 2)), 8, data.draw(st.integers(1, 9)),
+             data.draw(st.integers(1, 9)))
+    x = data.draw(order_sensitive_array(dtype, shape))
+    kernel_shape = [data.draw(st.integers(1, 6)), data.draw(st.sampled_from([1, 2, 4, 5, 6]))]
+    attrs = dict(kernel_shape=kernel_shape,
+                 strides=[data.draw(st.integers(1, 3)), data.draw(st.integers(1, 2))],
+                 pads=[data.draw(st.integers(0, k - 1)) for k in kernel_shape * 2],
+                 ceil_mode=data.draw(st.integers(0, 1)),
+                 count_include_pad=data.draw(st.integers(0, 1)))
+    assume(kernel_shape != [2, 2] or attrs["strides"][1] == 1)  # 2x2 at step 2: fixed.py
+    expected = _expected_or_same_error("AveragePool", numbapool.average_pool, x, attrs)
+    if expected is None:
+        return
+    plan = numbapool.plan("AveragePool", x.shape, x.dtype, **attrs)
+    with numbapool.threads(2):
+        got = numbapool.average_pool(x, **attrs)
+        threads = 1 if _dispatch._runs_serially(plan) else _threads.get_num_threads()
+        assert _dispatch._launch(plan, threads).entry in _dispatch._WIDE_MEANS.values()
+        generic = _generic_result(numbapool.average_pool, x, attrs, plan,
+                                  (_dispatch, "_wide_window", lambda plan: False))
     _assert_same_sums(got, generic)
     _check_float(got, expected, x.dtype, _average_accumulation(x, attrs))
 

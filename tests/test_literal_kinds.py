@@ -88,9 +88,10 @@ class Record(event.Listener):
 event.register("numba:compile", Record())
 x = np.ones((1, 2, 8, 8), np.float32)
 firsts = []
-# a 3x3 window at stride 3 along the first axis: the generic kernel, not the planes' one
+# a 3x3 window at stride 3 along the first axis: the generic kernel, not the planes' one;
+# a 4-wide one at step 3 along the rows: the generic kernel, not the wide windows' one
 for call in (lambda: numbapool.average_pool(x, [3, 3], strides=[3, 1], pads=[1, 1, 1, 1]),
-             lambda: numbapool.average_pool(x, [3, 4]),
+             lambda: numbapool.average_pool(x, [3, 4], strides=[1, 3]),
              lambda: numbapool.lp_pool(x, [3, 3], p=3)):
     call()
     firsts.append(dict(compiled))

@@ -1,0 +1,135 @@
+"""Wide windows: AveragePool over 2-D windows, each input row padded with zeros once.
+
+_dispatch chooses it for 2-D AveragePool windows with no dilation and a step of 1 or 2
+along the rows, but those 3 taps wide along the rows (the generic kernel's one loop body
+for three taps is faster there) and the fixed 2x2 ones, when the units are whole output
+rows. The generic kernel (sums.py) adds a row's taps one pass over the row's sums at a
+time, each tap's run clipped to the input, and a window's rows one pass at a time too.
+Here each input row is first decoded once into a scratch row with zeros where the pads
+are, so that every output takes every tap from there, three taps to a pass; the row sums
+of the last input rows stay in a ring of slots, and each output row adds its window's rows
+three to a pass, then divides.
+
+Each sum is the generic kernel's, in its order (the taps of a row added to +0 left to
+right, then the rows added to +0 in order: docs/semantics.md), so the results are the
+same, bit for bit: a zero from the pads added to a sum that starts at +0 changes nothing
+(such a sum is never -0, and x + 0 is x for every other x, NaNs and infinities included)."""
+
+import numpy as np
+from numba import njit
+
+from .._plan import AXIS_EXTENT, AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
+from . import kernel
+from .codec import accumulator_array, as_accumulator, decode, encode
+from .sums import divisor_row
+
+
+@njit(inline="always")
+def _padded_row(source, row_start, padded, left, count, zero):
+    """padded[left + i] = input element i of the row from ``row_start``, decoded, for i <
+    ``count``; the rest of ``padded`` keeps its zeros."""
+    at = np.uint64(left)
+    for i in range(np.uint64(count)):
+        padded[at + i] = as_accumulator(decode(source[row_start + i]), zero)
+
+
+@njit(inline="always")
+def _add_taps(padded, tap, taps, sums, at, out_width, step):
+    """sums[at + o] += the ``taps`` (1 to 3) elements from padded[o * step + tap], in
+    order, for o < out_width."""
+    one = np.uint64(1)
+    if taps == 3:
+        for o in range(np.uint64(out_width)):
+            i = o * step + tap
+            sums[at + o] = ((sums[at + o] + padded[i]) + padded[i + one]) + padded[i + one + one]
+    elif taps == 2:
+        for o in range(np.uint64(out_width)):
+            i = o * step + tap
+            sums[at + o] = (sums[at + o] + padded[i]) + padded[i + one]
+    else:
+        for o in range(np.uint64(out_width)):
+            sums[at + o] += padded[o * step + tap]
+
+
+@njit(inline="always")
+def _add_rows(sums, first, rows, slots, totals, out_width):
+    """totals[o] += the row sums of ``rows`` (1 to 3) input rows from ``first``, in order,
+    each from its slot of the ring, for o < out_width."""
+    mask = np.uint64(slots - 1)
+    width = np.uint64(out_width)
+    a = (np.uint64(first) & mask) * width
+    if rows == 3:
+        b = (np.uint64(first + 1) & mask) * width
+        c = (np.uint64(first + 2) & mask) * width
+        for o in range(width):
+            totals[o] = ((totals[o] + sums[a + o]) + sums[b + o]) + sums[c + o]
+    elif rows == 2:
+        b = (np.uint64(first + 1) & mask) * width
+        for o in range(width):
+            totals[o] = (totals[o] + sums[a + o]) + sums[b + o]
+    else:
+        for o in range(width):
+            totals[o] += sums[a + o]
+
+
+@kernel(error_model="numpy")  # the divisors are at least 1: no check for zero in the loop
+def wide_mean_units(unit_begin, unit_end, x, y, zero, axes, divisor_counts, block,
+                    column_step):
+    """AveragePool over output rows [unit_begin, unit_end) (units: whole output rows, of
+    ``block`` outputs) of the 2-D windows this module serves, accumulated in the type of
+    ``zero``, divided by the product of ``divisor_counts`` over the two axes.
+    ``column_step``, the stride along the rows (1 or 2), arrives as a literal (entry.py):
+    each compiles its own loops, whose loads it makes constant."""
+    height, width = axes[AXIS_IN, 0], axes[AXIS_IN, 1]
+    out_height, out_width = axes[AXIS_OUT, 0], axes[AXIS_OUT, 1]
+    top, left = axes[AXIS_PAD_BEGIN, 0], axes[AXIS_PAD_BEGIN, 1]
+    row_step = axes[AXIS_STRIDE, 0]
+    window_height, window_width = axes[AXIS_EXTENT, 0], axes[AXIS_EXTENT, 1]
+    step = np.uint64(column_step)
+    # the padded row: every tap of every output; the input elements that some tap reads
+    padded_width = (out_width - 1) * column_step + window_width
+    copied = max(0, min(width, padded_width - left))
+    padded = accumulator_array(padded_width, zero)
+    for i in range(padded_width):
+        padded[i] = zero
+    slots = 1
+    while slots < window_height:
+        slots *= 2
+    sums = accumulator_array(slots * out_width, zero)
+    totals = accumulator_array(out_width, zero)
+    row_divisors = accumulator_array(out_width, zero)
+    divisors_leading = -1
+    source = x.reshape(x.size)
+    out = y.reshape(y.size)
+    plane = -1
+    next_row = 0  # the plane's next input row without its row sums in the ring
+    for unit in range(unit_begin, unit_end):
+        if unit // out_height != plane:
+            plane = unit // out_height
+            next_row = 0
+        row = unit - plane * out_height
+        window_top = row * row_step - top
+        inside_top = max(window_top, 0)
+        inside_end = min(window_top + window_height, height)
+        next_row = max(next_row, inside_top)
+        while next_row < inside_end:
+            _padded_row(source, np.uint64((plane * height + next_row) * width), padded, left,
+                        copied, zero)
+            at = (np.uint64(next_row) & np.uint64(slots - 1)) * np.uint64(out_width)
+            for o in range(np.uint64(out_width)):
+                sums[at + o] = zero
+            for tap in range(0, window_width, 3):
+                _add_taps(padded, np.uint64(tap), min(3, window_width - tap), sums, at,
+                          out_width, step)
+            next_row += 1
+        for o in range(out_width):
+            totals[o] = zero
+        for first in range(inside_top, inside_end, 3):
+            _add_rows(sums, first, min(3, inside_end - first), slots, totals, out_width)
+        leading = divisor_counts[0, row]
+        if leading != divisors_leading:
+            divisor_row(row_divisors, leading, divisor_counts, zero)
+            divisors_leading = leading
+        out_at = np.uint64(unit * out_width)
+        for o in range(np.uint64(out_width)):
+            out[out_at + o] = encode(totals[o] / row_divisors[o], y)
