@@ -35,10 +35,15 @@ def _padded_row(source, row_start, padded, left, count, zero):
 
 @njit(inline="always")
 def _add_taps(padded, tap, taps, sums, at, out_width, step):
-    """sums[at + o] += the ``taps`` (1 to 3) elements from padded[o * step + tap], in
+    """sums[at + o] += the ``taps`` (1 to 4) elements from padded[o * step + tap], in
     order, for o < out_width."""
     one = np.uint64(1)
-    if taps == 3:
+    if taps == 4:
+        for o in range(np.uint64(out_width)):
+            i = o * step + tap
+            sums[at + o] = ((((sums[at + o] + padded[i]) + padded[i + one])
+                             + padded[i + one + one]) + padded[i + one + one + one])
+    elif taps == 3:
         for o in range(np.uint64(out_width)):
             i = o * step + tap
             sums[at + o] = ((sums[at + o] + padded[i]) + padded[i + one]) + padded[i + one + one]
@@ -92,6 +97,8 @@ def wide_mean_units(unit_begin, unit_end, x, y, zero, axes, divisor_counts, bloc
     padded = accumulator_array(padded_width, zero)
     for i in range(padded_width):
         padded[i] = zero
+    # a row's taps in as few passes as take 4 at most, as even as can be (5: 3 and 2)
+    passes = (window_width + 3) // 4
     slots = 1
     while slots < window_height:
         slots *= 2
@@ -118,9 +125,10 @@ def wide_mean_units(unit_begin, unit_end, x, y, zero, axes, divisor_counts, bloc
             at = (np.uint64(next_row) & np.uint64(slots - 1)) * np.uint64(out_width)
             for o in range(np.uint64(out_width)):
                 sums[at + o] = zero
-            for tap in range(0, window_width, 3):
-                _add_taps(padded, np.uint64(tap), min(3, window_width - tap), sums, at,
-                          out_width, step)
+            for tap_pass in range(passes):
+                tap = tap_pass * window_width // passes
+                _add_taps(padded, np.uint64(tap), (tap_pass + 1) * window_width // passes - tap,
+                          sums, at, out_width, step)
             next_row += 1
         for o in range(out_width):
             totals[o] = zero
