@@ -381,14 +381,32 @@ def test_fixed_window_kernels(data):
         np.testing.assert_array_equal(got.view(np.uint8), expected[0].view(np.uint8))
 
 
+def _check_row_kernel(x, attrs, entries, chooser):
+    """AveragePool on two threads through the kernels of ``_dispatch.<entries>`` (a kernel
+    whose units are whole output rows): the reference's values, and the bits of the
+    generic kernel, run with ``_dispatch.<chooser>`` turning it away."""
+    from numbapool import _dispatch, _threads
+
+    expected = _expected_or_same_error("AveragePool", numbapool.average_pool, x, attrs)
+    if expected is None:
+        return
+    plan = numbapool.plan("AveragePool", x.shape, x.dtype, **attrs)
+    with numbapool.threads(2):
+        got = numbapool.average_pool(x, **attrs)
+        threads = 1 if _dispatch._runs_serially(plan) else _threads.get_num_threads()
+        assert _dispatch._launch(plan, threads).entry in getattr(_dispatch, entries).values()
+        generic = _generic_result(numbapool.average_pool, x, attrs, plan,
+                                  (_dispatch, chooser, lambda plan: False))
+    _assert_same_sums(got, generic)
+    _check_float(got, expected, x.dtype, _average_accumulation(x, attrs))
+
+
 @SETTINGS
 @given(st.data())
 def test_plane_kernel(data):
     """AveragePool's 3x3 windows at strides of 1 and 2 over small planes run a plane's rows
     at once (planes.plane_mean_units): the reference's values, and the bits of the generic
     kernel, zeros' signs included."""
-    from numbapool import _dispatch, _threads
-
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
     # channels enough that the output rows are whole units on two threads (_work_split)
     shape = (data.draw(st.integers(1, 2)), 8, data.draw(st.integers(2, 8)),
@@ -399,18 +417,7 @@ def test_plane_kernel(data):
                  pads=data.draw(st.lists(st.integers(0, 1), min_size=4, max_size=4)),
                  ceil_mode=data.draw(st.integers(0, 1)),
                  count_include_pad=data.draw(st.integers(0, 1)))
-    expected = _expected_or_same_error("AveragePool", numbapool.average_pool, x, attrs)
-    if expected is None:
-        return
-    plan = numbapool.plan("AveragePool", x.shape, x.dtype, **attrs)
-    with numbapool.threads(2):
-        got = numbapool.average_pool(x, **attrs)
-        threads = 1 if _dispatch._runs_serially(plan) else _threads.get_num_threads()
-        assert _dispatch._launch(plan, threads).entry in _dispatch._PLANE_MEANS.values()
-        generic = _generic_result(numbapool.average_pool, x, attrs, plan,
-                                  (_dispatch, "_plane_window", lambda plan: False))
-    _assert_same_sums(got, generic)
-    _check_float(got, expected, x.dtype, _average_accumulation(x, attrs))
+    _check_row_kernel(x, attrs, "_PLANE_MEANS", "_plane_window")
 
 
 @SETTINGS
@@ -419,8 +426,6 @@ def test_wide_window_kernel(data):
     """AveragePool's 2-D windows other than 3 taps wide, at steps of 1 and 2 along the rows,
     take each input row padded with zeros (wide.wide_mean_units): the reference's values,
     and the bits of the generic kernel, zeros' signs included, whatever the pads."""
-    from numbapool import _dispatch, _threads
-
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
     # channels enough that the output rows are whole units on two threads (_work_split)
     shape = (data.draw(st.integers(1, 2)), 8, data.draw(st.integers(1, 9)),
@@ -433,18 +438,7 @@ def test_wide_window_kernel(data):
                  ceil_mode=data.draw(st.integers(0, 1)),
                  count_include_pad=data.draw(st.integers(0, 1)))
     assume(kernel_shape != [2, 2] or attrs["strides"][1] == 1)  # 2x2 at step 2: fixed.py
-    expected = _expected_or_same_error("AveragePool", numbapool.average_pool, x, attrs)
-    if expected is None:
-        return
-    plan = numbapool.plan("AveragePool", x.shape, x.dtype, **attrs)
-    with numbapool.threads(2):
-        got = numbapool.average_pool(x, **attrs)
-        threads = 1 if _dispatch._runs_serially(plan) else _threads.get_num_threads()
-        assert _dispatch._launch(plan, threads).entry in _dispatch._WIDE_MEANS.values()
-        generic = _generic_result(numbapool.average_pool, x, attrs, plan,
-                                  (_dispatch, "_wide_window", lambda plan: False))
-    _assert_same_sums(got, generic)
-    _check_float(got, expected, x.dtype, _average_accumulation(x, attrs))
+    _check_row_kernel(x, attrs, "_WIDE_MEANS", "_wide_window")
 
 
 # Bit patterns per float dtype: +0, -0, two different NaNs, -1, 1, -inf. Which zero and which

@@ -16,11 +16,10 @@ same, bit for bit.
 import numpy as np
 from numba import njit
 
-from .._plan import AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
 from . import kernel
 from .codec import accumulator_array, as_accumulator, decode, encode
 from .sums import border_row_sum, divisor_row
-from .units import interior_outputs
+from .units import interior_outputs, plane_axes
 
 # The largest plane served: past it the generic kernel's rows, cached in the nearest cache,
 # measured as fast (3x3 over 112x112 planes) or faster (224x224: 1.3x)
@@ -94,10 +93,7 @@ def plane_mean_units(unit_begin, unit_end, x, y, zero, axes, divisor_counts, blo
     ``zero``, divided by the product of ``divisor_counts`` over the two axes.
     ``column_step``, the stride along the rows (1 or 2), arrives as a literal (entry.py):
     each compiles its own loops, whose loads it makes constant."""
-    height, width = axes[AXIS_IN, 0], axes[AXIS_IN, 1]
-    out_height, out_width = axes[AXIS_OUT, 0], axes[AXIS_OUT, 1]
-    top, left = axes[AXIS_PAD_BEGIN, 0], axes[AXIS_PAD_BEGIN, 1]
-    row_step = axes[AXIS_STRIDE, 0]
+    height, width, out_height, out_width, top, left, row_step = plane_axes(axes)
     lo, hi = interior_outputs(axes, 3)
     hi = max(lo, hi)
     sums = accumulator_array(height * out_width, zero)

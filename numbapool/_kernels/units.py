@@ -126,6 +126,14 @@ def window_index(nc, channel_size, starts, axes):
 
 
 @njit(inline="always")
+def plane_axes(axes):
+    """A 2-D geometry's (height, width, out_height, out_width, top pad, left pad, the first
+    axis's stride)."""
+    return (axes[AXIS_IN, 0], axes[AXIS_IN, 1], axes[AXIS_OUT, 0], axes[AXIS_OUT, 1],
+            axes[AXIS_PAD_BEGIN, 0], axes[AXIS_PAD_BEGIN, 1], axes[AXIS_STRIDE, 0])
+
+
+@njit(inline="always")
 def interior_outputs(axes, width):
     """(lo, hi): the outputs along the last axis whose ``width`` taps (dilation 1) all lie
     inside the input. Divisions: computed once per run of units, not per unit."""

@@ -18,10 +18,11 @@ same, bit for bit: a zero from the pads added to a sum that starts at +0 changes
 import numpy as np
 from numba import njit
 
-from .._plan import AXIS_EXTENT, AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
+from .._plan import AXIS_EXTENT
 from . import kernel
 from .codec import accumulator_array, as_accumulator, decode, encode
 from .sums import divisor_row
+from .units import plane_axes
 
 
 @njit(inline="always")
@@ -80,15 +81,9 @@ def _add_rows(sums, first, rows, slots, totals, out_width):
 @kernel(error_model="numpy")  # the divisors are at least 1: no check for zero in the loop
 def wide_mean_units(unit_begin, unit_end, x, y, zero, axes, divisor_counts, block,
                     column_step):
-    """AveragePool over output rows [unit_begin, unit_end) (units: whole output rows, of
-    ``block`` outputs) of the 2-D windows this module serves, accumulated in the type of
-    ``zero``, divided by the product of ``divisor_counts`` over the two axes.
-    ``column_step``, the stride along the rows (1 or 2), arrives as a literal (entry.py):
-    each compiles its own loops, whose loads it makes constant."""
-    height, width = axes[AXIS_IN, 0], axes[AXIS_IN, 1]
-    out_height, out_width = axes[AXIS_OUT, 0], axes[AXIS_OUT, 1]
-    top, left = axes[AXIS_PAD_BEGIN, 0], axes[AXIS_PAD_BEGIN, 1]
-    row_step = axes[AXIS_STRIDE, 0]
+    """AveragePool over output rows [unit_begin, unit_end) of the windows this module
+    serves, its arguments planes.plane_mean_units's (``column_step`` a literal too)."""
+    height, width, out_height, out_width, top, left, row_step = plane_axes(axes)
     window_height, window_width = axes[AXIS_EXTENT, 0], axes[AXIS_EXTENT, 1]
     step = np.uint64(column_step)
     # the padded row: every tap of every output; the input elements that some tap reads
