@@ -327,6 +327,7 @@ FIRST_CALLS = {
                            "strides=[2, 2, 2])",
     "MaxPool with Indices": "numbapool.max_pool(x, [3, 3], strides=[2, 2], return_indices=True)",
     "AveragePool 3x3": "numbapool.average_pool(x, [3, 3], pads=[1, 1, 1, 1])",
+    "AveragePool 5x5": "numbapool.average_pool(x, [5, 5], pads=[2, 2, 2, 2])",
     "AveragePool 2x2 s2 float64": "numbapool.average_pool(x.astype(np.float64), [2, 2], "
                                   "strides=[2, 2])",
     "LpPool p=3": "numbapool.lp_pool(x, [3, 3], p=3)",
