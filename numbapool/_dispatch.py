@@ -41,10 +41,12 @@ _SUM_POOLS = {(p_kind, three_taps): EntryPoint(sums.sum_pool_units, (p_kind, thr
 _GLOBAL_MAX = EntryPoint(global_.global_max_units, inputs=2)  # x and its bits
 # AveragePool's 3x3 windows over small planes, per stride along the rows (1 or 2)
 _PLANE_MEANS = {step: EntryPoint(planes.plane_mean_units, (step,)) for step in (1, 2)}
-# AveragePool's wide 2-D windows, per stride along the rows (1 or 2)
-_WIDE_MEANS = {step: EntryPoint(wide.wide_mean_units, (step,)) for step in (1, 2)}
+# the wide 2-D windows' kernel per (kind of p: AveragePool's 0, LpPool's 2, stride along
+# the rows: 1 or 2)
+_WIDE_SUMS = {(p_kind, step): EntryPoint(wide.wide_sum_units, (p_kind, step))
+              for p_kind in (0, 2) for step in (1, 2)}
 # the kernels whose units must be whole output rows
-_ROW_KERNELS = (*_PLANE_MEANS.values(), *_WIDE_MEANS.values())
+_ROW_KERNELS = (*_PLANE_MEANS.values(), *_WIDE_SUMS.values())
 
 # Global pooling calls seen, keyed by (op, shape, dtype, p): see _global_call
 _GLOBAL_CALLS: dict = {}
@@ -189,11 +191,12 @@ def _plane_window(plan: WindowPlan) -> bool:
 
 
 def _wide_window(plan: WindowPlan) -> bool:
-    """Whether wide.wide_mean_units serves the window: 2-D, no dilation, a stride of 1 or 2
-    along the rows, and not 3 taps wide (the generic kernel's three_tap_row_sums takes those
-    rows in one loop body, with no padded copy: measured faster)."""
-    return (len(plan.kernel_shape) == 2 and plan.dilations == (1, 1)
-            and plan.strides[-1] <= 2 and plan.kernel_shape[-1] != 3)
+    """Whether wide.wide_sum_units serves an AveragePool or LpPool window: 2-D, no
+    dilation, a stride of 1 or 2 along the rows; for AveragePool not 3 taps wide (the
+    generic kernel's three_tap_row_sums takes those rows in one loop body, with no padded
+    copy: measured faster), for LpPool p = 2 only."""
+    return (len(plan.kernel_shape) == 2 and plan.dilations == (1, 1) and plan.strides[-1] <= 2
+            and (plan.kernel_shape[-1] != 3 if plan.op == "AveragePool" else plan.p == 2.0))
 
 
 def _p_kind(op: str, p: float) -> int:
@@ -270,8 +273,9 @@ def _specialized(plan: WindowPlan):
     does no work here. Measured faster than the rank-generic kernels (docs/performance.md):
     a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool, LpPool), AveragePool's 3x3 windows
     at strides of 1 or 2 over small planes (planes.plane_mean_units), AveragePool's other
-    2-D windows not 3 taps wide at steps of 1 or 2 along the rows (wide.wide_mean_units),
-    else, for every other MaxPool, the input-rows-first columns.column_units for its kind."""
+    2-D windows not 3 taps wide and LpPool's with p = 2, at steps of 1 or 2 along the rows
+    (wide.wide_sum_units), else, for every other MaxPool, the input-rows-first
+    columns.column_units for its kind."""
     try:
         return plan.launches["special"]
     except KeyError:
@@ -295,9 +299,10 @@ def _specialized(plan: WindowPlan):
     elif plan.op == "AveragePool" and _plane_window(plan):
         special = (_PLANE_MEANS[plan.strides[-1]],
                    (_sum_zero(plan), g["axes"], g["divisor_counts"]))
-    elif plan.op == "AveragePool" and _wide_window(plan):
-        special = (_WIDE_MEANS[plan.strides[-1]],
-                   (_sum_zero(plan), g["axes"], g["divisor_counts"]))
+    elif plan.op != "MaxPool" and _wide_window(plan):
+        zero = _sum_zero(plan)
+        special = (_WIDE_SUMS[_p_kind(plan.op, plan.p), plan.strides[-1]],
+                   (zero, zero.dtype.type(plan.p), g["axes"], g["divisor_counts"]))
     elif plan.op == "MaxPool":
         # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
         check_ties = plan.dtype.kind not in "iu"

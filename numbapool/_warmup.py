@@ -40,12 +40,13 @@ def _choose(what: str, given, known: dict) -> list:
 
 def _windows():
     """(kernel_shape, strides, pads, LpPool's values of p, sides of the inputs) reaching
-    every windowed kernel: the rank-generic ones (a padded 3x3 window; AveragePool's
-    windows of another width over one axis), AveragePool's 3x3 windows over small planes
+    every windowed kernel: the rank-generic ones (a padded 3x3 window; a window over one
+    axis for AveragePool's windows of another width and LpPool's p = 2, which the wide
+    windows' kernel takes over two axes), AveragePool's 3x3 windows over small planes
     at strides 1 and 2 (planes.py: a plane of 64x64 is past the parallel threshold), each
     of fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels (columns.column_units),
     one per kind of last-axis window (3-high windows: a 2x2 one would take a fixed window's
-    kernel), which are also AveragePool's wide windows (wide.py) at steps 1 and 2. LpPool
+    kernel), which are also the wide windows (wide.py) at steps 1 and 2. LpPool
     compiles per kind of p (|x|, x ** 2, |x| ** 3, any other p): each kind in the generic
     and the fixed windows."""
     from ._kernels import columns, fixed
@@ -53,7 +54,7 @@ def _windows():
     every_p = (1, 2, 3, 0.5)
     sides = (4, 128)
     yield [3, 3], [1, 1], [1, 1, 1, 1], every_p, sides
-    yield [4], [1], None, (), sides
+    yield [4], [1], None, (2,), sides
     yield [3, 3], [1, 1], [1, 1, 1, 1], (), (64,)
     yield [3, 3], [2, 2], [1, 1, 1, 1], (), (4, 64)
     for depth, height, width, step in fixed.FIXED_WINDOWS:

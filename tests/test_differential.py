@@ -57,8 +57,9 @@ def array_of(draw, dtype, shape, allow_special=True):
 
 
 # Per float dtype, (L, s): powers of two where L + s loses s in the accumulator (float32
-# for 16-bit and float32 inputs), so that a sum of +-L and +-s depends on its order
-_ORDER_SENSITIVE = {np.dtype(np.float16): (2.0 ** 15, 2.0 ** -10),
+# for 16-bit and float32 inputs; 2 L + s for float16), so that a sum of +-L and +-s depends
+# on its order; L small enough that a 6x6 window's LpPool p = 2 stays in the dtype's range
+_ORDER_SENSITIVE = {np.dtype(np.float16): (2.0 ** 13, 2.0 ** -11),
                     np.dtype(ml_dtypes.bfloat16): (2.0 ** 30, 1.0),
                     np.dtype(np.float32): (2.0 ** 30, 1.0),
                     np.dtype(np.float64): (2.0 ** 60, 1.0)}
@@ -381,24 +382,27 @@ def test_fixed_window_kernels(data):
         np.testing.assert_array_equal(got.view(np.uint8), expected[0].view(np.uint8))
 
 
-def _check_row_kernel(x, attrs, entries, chooser):
-    """AveragePool on two threads through the kernels of ``_dispatch.<entries>`` (a kernel
-    whose units are whole output rows): the reference's values, and the bits of the
-    generic kernel, run with ``_dispatch.<chooser>`` turning it away."""
+def _check_row_kernel(op, x, attrs, entries, chooser):
+    """AveragePool or LpPool on two threads through the kernels of ``_dispatch.<entries>``
+    (a kernel whose units are whole output rows): the reference's values, and the bits of
+    the generic kernel, run with ``_dispatch.<chooser>`` turning it away."""
     from numbapool import _dispatch, _threads
 
-    expected = _expected_or_same_error("AveragePool", numbapool.average_pool, x, attrs)
+    function = {"AveragePool": numbapool.average_pool, "LpPool": numbapool.lp_pool}[op]
+    expected = _expected_or_same_error(op, function, x, attrs)
     if expected is None:
         return
-    plan = numbapool.plan("AveragePool", x.shape, x.dtype, **attrs)
+    plan = numbapool.plan(op, x.shape, x.dtype, **attrs)
     with numbapool.threads(2):
-        got = numbapool.average_pool(x, **attrs)
+        got = function(x, **attrs)
         threads = 1 if _dispatch._runs_serially(plan) else _threads.get_num_threads()
         assert _dispatch._launch(plan, threads).entry in getattr(_dispatch, entries).values()
-        generic = _generic_result(numbapool.average_pool, x, attrs, plan,
+        generic = _generic_result(function, x, attrs, plan,
                                   (_dispatch, chooser, lambda plan: False))
     _assert_same_sums(got, generic)
-    _check_float(got, expected, x.dtype, _average_accumulation(x, attrs))
+    # LpPool adds in float64: its reference's tolerance alone
+    accumulation = _average_accumulation(x, attrs) if op == "AveragePool" else 0.0
+    _check_float(got, expected, x.dtype, accumulation)
 
 
 @SETTINGS
@@ -417,28 +421,34 @@ def test_plane_kernel(data):
                  pads=data.draw(st.lists(st.integers(0, 1), min_size=4, max_size=4)),
                  ceil_mode=data.draw(st.integers(0, 1)),
                  count_include_pad=data.draw(st.integers(0, 1)))
-    _check_row_kernel(x, attrs, "_PLANE_MEANS", "_plane_window")
+    _check_row_kernel("AveragePool", x, attrs, "_PLANE_MEANS", "_plane_window")
 
 
 @SETTINGS
 @given(st.data())
 def test_wide_window_kernel(data):
-    """AveragePool's 2-D windows other than 3 taps wide, at steps of 1 and 2 along the rows,
-    take each input row padded with zeros (wide.wide_mean_units): the reference's values,
-    and the bits of the generic kernel, zeros' signs included, whatever the pads."""
+    """AveragePool's 2-D windows other than 3 taps wide and LpPool's with p = 2, at steps
+    of 1 and 2 along the rows, take each input row's terms padded with zeros
+    (wide.wide_sum_units): the reference's values, and the bits of the generic kernel,
+    zeros' signs included, whatever the pads."""
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
+    op = data.draw(st.sampled_from(["AveragePool", "LpPool"]))
     # channels enough that the output rows are whole units on two threads (_work_split)
     shape = (data.draw(st.integers(1, 2)), 8, data.draw(st.integers(1, 9)),
              data.draw(st.integers(1, 9)))
     x = data.draw(order_sensitive_array(dtype, shape))
-    kernel_shape = [data.draw(st.integers(1, 6)), data.draw(st.sampled_from([1, 2, 4, 5, 6]))]
+    widths = [1, 2, 4, 5, 6] if op == "AveragePool" else [1, 2, 3, 4, 5, 6]
+    kernel_shape = [data.draw(st.integers(1, 6)), data.draw(st.sampled_from(widths))]
     attrs = dict(kernel_shape=kernel_shape,
                  strides=[data.draw(st.integers(1, 3)), data.draw(st.integers(1, 2))],
                  pads=[data.draw(st.integers(0, k - 1)) for k in kernel_shape * 2],
-                 ceil_mode=data.draw(st.integers(0, 1)),
-                 count_include_pad=data.draw(st.integers(0, 1)))
+                 ceil_mode=data.draw(st.integers(0, 1)))
+    if op == "AveragePool":
+        attrs["count_include_pad"] = data.draw(st.integers(0, 1))
+    else:
+        attrs["p"] = 2
     assume(kernel_shape != [2, 2] or attrs["strides"][1] == 1)  # 2x2 at step 2: fixed.py
-    _check_row_kernel(x, attrs, "_WIDE_MEANS", "_wide_window")
+    _check_row_kernel(op, x, attrs, "_WIDE_SUMS", "_wide_window")
 
 
 # Bit patterns per float dtype: +0, -0, two different NaNs, -1, 1, -inf. Which zero and which

@@ -1,14 +1,16 @@
-"""Wide windows: AveragePool over 2-D windows, each input row padded with zeros once.
+"""Wide windows: AveragePool and LpPool (p = 2) over 2-D windows, input rows padded once.
 
-_dispatch chooses it for 2-D AveragePool windows with no dilation and a step of 1 or 2
-along the rows, but those 3 taps wide along the rows (the generic kernel's one loop body
-for three taps is faster there) and the fixed 2x2 ones, when the units are whole output
-rows. The generic kernel (sums.py) adds a row's taps one pass over the row's sums at a
-time, each tap's run clipped to the input, and a window's rows one pass at a time too.
-Here each input row is first decoded once into a scratch row with zeros where the pads
-are, so that every output takes every tap from there, three taps to a pass; the row sums
-of the last input rows stay in a ring of slots, and each output row adds its window's rows
-three to a pass, then divides.
+_dispatch chooses it for 2-D windows with no dilation and a step of 1 or 2 along the
+rows, but the fixed 2x2 ones, when the units are whole output rows: AveragePool's but those
+3 taps wide along the rows (the generic kernel's one loop body for three taps is faster
+there), and LpPool's with p = 2, the common norm (each other kind of p would be two more
+kernels to compile per dtype). The generic kernel (sums.py) adds a row's taps one pass
+over the row's sums at a time, each tap's run clipped to the input, computing each
+element's term again for every tap that reads it, and a window's rows one pass at a time
+too. Here each input row's terms are first computed once into a scratch row with zeros
+where the pads are, so that every output takes every tap from there, up to four taps to a
+pass; the row sums of the last input rows stay in a ring of slots, and each output row
+adds its window's rows three to a pass, then divides (or takes the root).
 
 Each sum is the generic kernel's, in its order (the taps of a row added to +0 left to
 right, then the rows added to +0 in order: docs/semantics.md), so the results are the
@@ -21,17 +23,18 @@ from numba import njit
 from .._plan import AXIS_EXTENT
 from . import kernel
 from .codec import accumulator_array, as_accumulator, decode, encode
-from .sums import divisor_row
+from .sums import divisor_row, lp_root, lp_term
 from .units import plane_axes
 
 
 @njit(inline="always")
-def _padded_row(source, row_start, padded, left, count, zero):
-    """padded[left + i] = input element i of the row from ``row_start``, decoded, for i <
-    ``count``; the rest of ``padded`` keeps its zeros."""
+def _padded_row(source, row_start, padded, left, count, zero, p, p_kind):
+    """padded[left + i] = the term (sums.lp_term) of input element i of the row from
+    ``row_start``, in the accumulator type, for i < ``count``; the rest of ``padded`` keeps
+    its zeros."""
     at = np.uint64(left)
     for i in range(np.uint64(count)):
-        padded[at + i] = as_accumulator(decode(source[row_start + i]), zero)
+        padded[at + i] = lp_term(as_accumulator(decode(source[row_start + i]), zero), p, p_kind)
 
 
 @njit(inline="always")
@@ -79,10 +82,14 @@ def _add_rows(sums, first, rows, slots, totals, out_width):
 
 
 @kernel(error_model="numpy")  # the divisors are at least 1: no check for zero in the loop
-def wide_mean_units(unit_begin, unit_end, x, y, zero, axes, divisor_counts, block,
-                    column_step):
-    """AveragePool over output rows [unit_begin, unit_end) of the windows this module
-    serves, its arguments planes.plane_mean_units's (``column_step`` a literal too)."""
+def wide_sum_units(unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, block, p_kind,
+                   column_step):
+    """AveragePool (``p_kind`` 0) or LpPool with p = 2 (``p_kind`` 2) over output rows
+    [unit_begin, unit_end) (units: whole output rows, of ``block`` outputs) of the windows
+    this module serves, accumulated in the type of ``zero``; AveragePool divides by the
+    product of ``divisor_counts`` over the two axes. The kinds arrive as literals
+    (entry.py): ``column_step``, the stride along the rows (1 or 2), makes the loads of
+    each kind's loops constant."""
     height, width, out_height, out_width, top, left, row_step = plane_axes(axes)
     window_height, window_width = axes[AXIS_EXTENT, 0], axes[AXIS_EXTENT, 1]
     step = np.uint64(column_step)
@@ -116,7 +123,7 @@ def wide_mean_units(unit_begin, unit_end, x, y, zero, axes, divisor_counts, bloc
         next_row = max(next_row, inside_top)
         while next_row < inside_end:
             _padded_row(source, np.uint64((plane * height + next_row) * width), padded, left,
-                        copied, zero)
+                        copied, zero, p, p_kind)
             at = (np.uint64(next_row) & np.uint64(slots - 1)) * np.uint64(out_width)
             for o in range(np.uint64(out_width)):
                 sums[at + o] = zero
@@ -129,10 +136,14 @@ def wide_mean_units(unit_begin, unit_end, x, y, zero, axes, divisor_counts, bloc
             totals[o] = zero
         for first in range(inside_top, inside_end, 3):
             _add_rows(sums, first, min(3, inside_end - first), slots, totals, out_width)
-        leading = divisor_counts[0, row]
-        if leading != divisors_leading:
-            divisor_row(row_divisors, leading, divisor_counts, zero)
-            divisors_leading = leading
         out_at = np.uint64(unit * out_width)
-        for o in range(np.uint64(out_width)):
-            out[out_at + o] = encode(totals[o] / row_divisors[o], y)
+        if p_kind == 0:
+            leading = divisor_counts[0, row]
+            if leading != divisors_leading:
+                divisor_row(row_divisors, leading, divisor_counts, zero)
+                divisors_leading = leading
+            for o in range(np.uint64(out_width)):
+                out[out_at + o] = encode(totals[o] / row_divisors[o], y)
+        else:
+            for o in range(np.uint64(out_width)):
+                out[out_at + o] = encode(lp_root(totals[o], p, p_kind), y)
