@@ -106,7 +106,7 @@ def wide_sum_units(unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, bl
         slots *= 2
     sums = accumulator_array(slots * out_width, zero)
     totals = accumulator_array(out_width, zero)
-    row_divisors = accumulator_array(out_width, zero)
+    row_divisors = accumulator_array(out_width if p_kind == 0 else 0, zero)
     divisors_leading = -1
     source = x.reshape(x.size)
     out = y.reshape(y.size)
