@@ -12,7 +12,8 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _threads
-from ._kernels import columns, fixed, global_, maxima, parallel, planes, sums, unpool, wide
+from ._kernels import (columns, fixed, global_, indexed, maxima, parallel, planes, sums, unpool,
+                       wide)
 from ._kernels.entry import EntryPoint
 from ._plan import BFLOAT16, UnpoolPlan, WindowPlan, global_plan, window_extents
 
@@ -38,6 +39,8 @@ _MAX_POOL_WITH_INDICES = EntryPoint(maxima.max_pool_units_with_indices)
 # the summing kernel per kind of p (_p_kind), AveragePool's also for windows 3 taps wide
 _SUM_POOLS = {(p_kind, three_taps): EntryPoint(sums.sum_pool_units, (p_kind, three_taps))
               for p_kind in range(5) for three_taps in ((False, True) if p_kind == 0 else (False,))}
+# MaxPool with Indices over 2-D windows, per stride along the rows (1 or 2)
+_INDEXED_MAX = {step: EntryPoint(indexed.indexed_max_units, (step,)) for step in (1, 2)}
 _GLOBAL_MAX = EntryPoint(global_.global_max_units, inputs=2)  # x and its bits
 # AveragePool's 3x3 windows over small planes, per stride along the rows (1 or 2)
 _PLANE_MEANS = {step: EntryPoint(planes.plane_mean_units, (step,)) for step in (1, 2)}
@@ -89,7 +92,7 @@ class Launch(NamedTuple):
     chunks: int  # runs of units the parallel driver deals out; 0: run serially
     entry: EntryPoint  # the serial entry point: (unit_begin, unit_end, x, y, *arguments)
     arguments: tuple  # its trailing arguments, its kinds last
-    indices_arguments: tuple  # MaxPool's: max_pool_units_with_indices's after Indices
+    indices_arguments: tuple  # MaxPool's: (entry point with Indices, its arguments after them)
     compiled: dict  # per Indices?, as met: the entry point and ("driver", Indices?) its driver
 
 
@@ -103,8 +106,14 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
     g = plan.geometry
     indices_arguments = None
     if plan.op == "MaxPool":
-        indices_arguments = (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"],
-                             g["tap_outputs"], g["lead_rows"], block, slots)
+        if _indexed_window(plan) and block == plan.out_shape[-1]:  # its units: whole rows
+            entry = _INDEXED_MAX[plan.strides[-1]]
+            indices_arguments = (entry, (lowest_value(plan.dtype), g["axes"], g["tap_outputs"],
+                                         block, *entry.kinds))
+        else:
+            indices_arguments = (_MAX_POOL_WITH_INDICES, (
+                g["tap_index_offsets"], lowest_value(plan.dtype), g["axes"], g["taps"],
+                g["tap_offsets"], g["tap_outputs"], g["lead_rows"], block, slots))
         entry = arguments = None  # without Indices: a specialized kernel (_specialized)
     else:  # AveragePool is the p_kind 0 of the summing kernel
         p_kind = _p_kind(plan.op, plan.p)
@@ -199,6 +208,13 @@ def _wide_window(plan: WindowPlan) -> bool:
             and (plan.kernel_shape[-1] != 3 if plan.op == "AveragePool" else plan.p == 2.0))
 
 
+def _indexed_window(plan: WindowPlan) -> bool:
+    """Whether indexed.indexed_max_units serves a MaxPool with Indices: 2-D, no dilation,
+    a stride of 1 or 2 along the rows, rows and columns that int32s number."""
+    return (len(plan.kernel_shape) == 2 and plan.dilations == (1, 1) and plan.strides[-1] <= 2
+            and max(plan.spatial_in) < 2 ** 31)
+
+
 def _p_kind(op: str, p: float) -> int:
     """The summing kernels' kind: 0 a mean (AveragePool, GlobalAveragePool), else how they
     raise to the power p: 1 abs, 2 a square, 3 a cube, 4 pow()."""
@@ -218,10 +234,9 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
     # unpacked, not read by name: this runs on every call
     units, chunks, entry, arguments, indices_arguments, compiled = _launch(plan, threads)
-    if return_indices:  # only the generic kernel tracks the winning taps
-        entry = _MAX_POOL_WITH_INDICES
-        arguments = (indices.reshape(rows_in.shape[0], -1), plan.geometry["tap_index_offsets"],
-                     *indices_arguments)
+    if return_indices:  # the kernels without Indices track no winning taps
+        entry, indices_rest = indices_arguments
+        arguments = (indices.reshape(rows_in.shape[0], -1), *indices_rest)
     arguments = (rows_in, rows_out, *arguments)
     function, address = (compiled.get(return_indices)
                          or compiled.setdefault(return_indices, entry.compile(arguments)))

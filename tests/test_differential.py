@@ -451,6 +451,45 @@ def test_wide_window_kernel(data):
     _check_row_kernel(op, x, attrs, "_WIDE_SUMS", "_wide_window")
 
 
+@SETTINGS
+@given(st.data())
+def test_indexed_kernel(data):
+    """MaxPool with Indices over 2-D windows at steps of 1 and 2 along the rows takes each
+    input row split into its even and odd elements (indexed.indexed_max_units): the
+    reference's elements bit for bit and its Indices, whatever the pads and the storage
+    order, over ties of zeros of both signs and NaNs of two kinds."""
+    from numbapool import _dispatch, _threads
+
+    dtype = np.dtype(data.draw(st.sampled_from(FLOATS + INTS)))
+    # channels enough that the output rows are whole units on two threads (_work_split)
+    shape = (data.draw(st.integers(1, 2)), 8, data.draw(st.integers(1, 9)),
+             data.draw(st.integers(1, 9)))
+    if dtype.kind == "f" or dtype == ml_dtypes.bfloat16:
+        bits_type, patterns = _TIE_BITS[dtype]
+        codes = data.draw(st.lists(st.integers(0, len(patterns) - 1),
+                                   min_size=math.prod(shape), max_size=math.prod(shape)))
+        x = np.array(patterns, dtype=bits_type)[codes].view(dtype).reshape(shape)
+    else:
+        x = data.draw(array_of(dtype, shape))
+    kernel_shape = [data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5))]
+    attrs = dict(kernel_shape=kernel_shape,
+                 strides=[data.draw(st.integers(1, 3)), data.draw(st.integers(1, 2))],
+                 pads=[data.draw(st.integers(0, k - 1)) for k in kernel_shape * 2],
+                 ceil_mode=data.draw(st.integers(0, 1)),
+                 storage_order=data.draw(st.integers(0, 1)))
+    expected = _expected_or_same_error("MaxPool", numbapool.max_pool, x, attrs)
+    if expected is None:
+        return
+    plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
+    with numbapool.threads(2):
+        y, indices = numbapool.max_pool(x, return_indices=True, **attrs)
+        threads = 1 if _dispatch._runs_serially(plan) else _threads.get_num_threads()
+        entry = _dispatch._launch(plan, threads).indices_arguments[0]
+    assert entry in _dispatch._INDEXED_MAX.values()
+    assert y.tobytes() == expected[0].tobytes()
+    np.testing.assert_array_equal(indices, expected[1])
+
+
 # Bit patterns per float dtype: +0, -0, two different NaNs, -1, 1, -inf. Which zero and which
 # NaN a window gives depends on the order its taps are scanned in.
 _TIE_BITS = {

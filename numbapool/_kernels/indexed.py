@@ -1,0 +1,134 @@
+"""MaxPool with Indices over 2-D windows, each input row copied once, split by parity.
+
+_dispatch chooses it for 2-D windows with no dilation and a step of 1 or 2 along the rows,
+when the units are whole output rows. The generic kernel (maxima.py) takes a tap's run of
+elements at a step of 2 straight from the input, which LLVM gathers one element at a time,
+and keeps the winning taps as int64. Here each input row is first copied into a scratch
+row, at a step of 2 its even elements then its odd ones, so that every tap's run is a run
+of consecutive elements; a row's winners are kept as int32 columns (16 to a 512-bit
+vector beside float32 values); the row maxima of the last input rows stay in a ring of
+slots, and each output row folds its window's rows in order.
+
+The scan is the generic kernel's: a window's first maximum in row-major order is the first
+maximum over its input rows, in order, of each row's first maximum along the row (ties keep
+the first, the first NaN wins: maxima.keeps), so the results are the same, bit for bit."""
+
+import numpy as np
+from numba import njit
+
+from .._plan import AXIS_EXTENT, AXIS_INDEX_STRIDE
+from . import kernel
+from .codec import decode
+from .maxima import keeps
+from .scratch import empty
+from .units import plane_axes
+
+
+@njit(inline="always")
+def _split_row(source, row_start, split, width, step):
+    """split = the row of ``width`` elements from ``row_start``; at a step of 2 its even
+    elements first, then its odd ones (from (width + 1) // 2). Both parities in one loop:
+    LLVM loads them as vectors and shuffles them apart."""
+    if step == 1:
+        for i in range(np.uint64(width)):
+            split[i] = source[row_start + i]
+        return
+    two = np.uint64(2)
+    half = np.uint64((width + 1) // 2)
+    for i in range(np.uint64(width // 2)):
+        split[i] = source[row_start + two * i]
+        split[half + i] = source[row_start + two * i + np.uint64(1)]
+    if width % 2:
+        split[half - np.uint64(1)] = source[row_start + np.uint64(width - 1)]
+
+
+@njit(inline="always")
+def _split_at(column, output, half, column_step):
+    """Where input column ``column`` + ``output`` * step lies in the split row, ``column``
+    being that of output 0's tap (negative in the left pad)."""
+    at = column // column_step + output
+    return at + half if column_step == 2 and column % 2 else at
+
+
+@njit(inline="always")
+def _fold_tap(split, start, maxima, columns, at, count, column, step):
+    """Fold one tap into ``count`` consecutive outputs of a row's maxima, from maxima[at]:
+    the j-th reads split[start + j], input column ``column`` + j * ``step`` (int32s, so
+    that the columns' vectors are as wide as the values')."""
+    for j in range(np.uint64(count)):
+        value = split[start + j]
+        kept = maxima[at + j]
+        take = (columns[at + j] < 0) | (not keeps(decode(kept), decode(value)))
+        maxima[at + j] = value if take else kept
+        columns[at + j] = column + np.int32(j) * step if take else columns[at + j]
+
+
+@kernel()
+def indexed_max_units(unit_begin, unit_end, x, y, indices, lowest, axes, tap_outputs, block,
+                      column_step):
+    """MaxPool with Indices over output rows [unit_begin, unit_end) (units: whole output
+    rows, of ``block`` outputs) of the windows this module serves: ``y`` the winning
+    element bit for bit, or ``lowest`` where no tap is inside; ``indices`` the winner's
+    offset in the whole input, numbered with the index strides, or -1. ``tap_outputs[k]``
+    is the plan's run of outputs for which tap k of a row is inside the input.
+    ``column_step``, the stride along the rows (1 or 2), arrives as a literal (entry.py)."""
+    height, width, out_height, out_width, top, left, row_step = plane_axes(axes)
+    window_height, window_width = axes[AXIS_EXTENT, 0], axes[AXIS_EXTENT, 1]
+    row_index_stride, column_index_stride = axes[AXIS_INDEX_STRIDE, 0], axes[AXIS_INDEX_STRIDE, 1]
+    half = (width + 1) // 2
+    split = empty(width, x.dtype)
+    slots = 1
+    while slots < window_height:
+        slots *= 2
+    maxima = empty(slots * out_width, x.dtype)
+    columns = empty(slots * out_width, np.int32)  # -1: no tap inside yet
+    best = empty(out_width, x.dtype)
+    best_rows = empty(out_width, np.int32)
+    best_columns = empty(out_width, np.int32)
+    source = x.reshape(x.size)
+    out = y.reshape(y.size)
+    out_indices = indices.reshape(indices.size)
+    plane = -1
+    next_row = 0  # the plane's next input row without its maxima in the ring
+    for unit in range(unit_begin, unit_end):
+        if unit // out_height != plane:
+            plane = unit // out_height
+            next_row = 0
+        row = unit - plane * out_height
+        window_top = row * row_step - top
+        inside_top = max(window_top, 0)
+        inside_end = min(window_top + window_height, height)
+        next_row = max(next_row, inside_top)
+        while next_row < inside_end:
+            _split_row(source, np.uint64((plane * height + next_row) * width), split, width,
+                       column_step)
+            slot_at = (np.uint64(next_row) & np.uint64(slots - 1)) * np.uint64(out_width)
+            for o in range(np.uint64(out_width)):
+                columns[slot_at + o] = -1
+            for tap in range(window_width):
+                first, end = tap_outputs[tap, 0], tap_outputs[tap, 1]
+                if first < end:
+                    _fold_tap(split, np.uint64(_split_at(tap - left, first, half, column_step)),
+                              maxima, columns, slot_at + np.uint64(first), end - first,
+                              np.int32(tap - left + first * column_step), np.int32(column_step))
+            next_row += 1
+        for o in range(out_width):
+            best[o] = lowest
+            best_columns[o] = -1
+        for input_row in range(inside_top, inside_end):
+            slot_at = (np.uint64(input_row) & np.uint64(slots - 1)) * np.uint64(out_width)
+            for o in range(np.uint64(out_width)):
+                value = maxima[slot_at + o]
+                column = columns[slot_at + o]
+                take = (column >= 0) & ((best_columns[o] < 0)
+                                        | (not keeps(decode(best[o]), decode(value))))
+                best[o] = value if take else best[o]
+                best_columns[o] = column if take else best_columns[o]
+                best_rows[o] = np.int32(input_row) if take else best_rows[o]
+        out_at = np.uint64(unit * out_width)
+        plane_index = plane * height * width
+        for o in range(np.uint64(out_width)):
+            out[out_at + o] = best[o]
+            out_indices[out_at + o] = (-1 if best_columns[o] < 0 else
+                                       plane_index + np.int64(best_rows[o]) * row_index_stride
+                                       + np.int64(best_columns[o]) * column_index_stride)
