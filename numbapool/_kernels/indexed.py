@@ -21,7 +21,7 @@ from . import kernel
 from .codec import decode
 from .maxima import keeps
 from .scratch import empty
-from .units import plane_axes
+from .units import plane_axes, ring_slot, ring_slots, window_rows
 
 
 @njit(inline="always")
@@ -77,9 +77,7 @@ def indexed_max_units(unit_begin, unit_end, x, y, indices, lowest, axes, tap_out
     row_index_stride, column_index_stride = axes[AXIS_INDEX_STRIDE, 0], axes[AXIS_INDEX_STRIDE, 1]
     half = (width + 1) // 2
     split = empty(width, x.dtype)
-    slots = 1
-    while slots < window_height:
-        slots *= 2
+    slots = ring_slots(window_height)
     maxima = empty(slots * out_width, x.dtype)
     columns = empty(slots * out_width, np.int32)  # -1: no tap inside yet
     best = empty(out_width, x.dtype)
@@ -91,18 +89,12 @@ def indexed_max_units(unit_begin, unit_end, x, y, indices, lowest, axes, tap_out
     plane = -1
     next_row = 0  # the plane's next input row without its maxima in the ring
     for unit in range(unit_begin, unit_end):
-        if unit // out_height != plane:
-            plane = unit // out_height
-            next_row = 0
-        row = unit - plane * out_height
-        window_top = row * row_step - top
-        inside_top = max(window_top, 0)
-        inside_end = min(window_top + window_height, height)
-        next_row = max(next_row, inside_top)
+        plane, _, inside_top, inside_end, next_row = window_rows(
+            unit, plane, next_row, out_height, row_step, top, window_height, height)
         while next_row < inside_end:
             _split_row(source, np.uint64((plane * height + next_row) * width), split, width,
                        column_step)
-            slot_at = (np.uint64(next_row) & np.uint64(slots - 1)) * np.uint64(out_width)
+            slot_at = ring_slot(next_row, slots, out_width)
             for o in range(np.uint64(out_width)):
                 columns[slot_at + o] = -1
             for tap in range(window_width):
@@ -116,7 +108,7 @@ def indexed_max_units(unit_begin, unit_end, x, y, indices, lowest, axes, tap_out
             best[o] = lowest
             best_columns[o] = -1
         for input_row in range(inside_top, inside_end):
-            slot_at = (np.uint64(input_row) & np.uint64(slots - 1)) * np.uint64(out_width)
+            slot_at = ring_slot(input_row, slots, out_width)
             for o in range(np.uint64(out_width)):
                 value = maxima[slot_at + o]
                 column = columns[slot_at + o]

@@ -134,6 +134,39 @@ def plane_axes(axes):
 
 
 @njit(inline="always")
+def ring_slots(window_height):
+    """How many input rows the row kernels (wide, indexed) keep the results of: a power of
+    two, at least the window's height, so that a row's slot is its number masked."""
+    slots = 1
+    while slots < window_height:
+        slots *= 2
+    return slots
+
+
+@njit(inline="always")
+def ring_slot(input_row, slots, out_width):
+    """Where input row ``input_row``'s results start in a ring of ``slots`` rows of
+    ``out_width``."""
+    return (np.uint64(input_row) & np.uint64(slots - 1)) * np.uint64(out_width)
+
+
+@njit(inline="always")
+def window_rows(unit, plane, next_row, out_height, row_step, top, window_height, height):
+    """A 2-D row kernel's unit (a whole output row), from the last one's ``plane`` and
+    ``next_row`` (the plane's first input row without its results in the ring): (plane,
+    output row in it, the window's first input row inside the input and its end, the
+    plane's next input row to compute)."""
+    if unit // out_height != plane:
+        plane = unit // out_height
+        next_row = 0
+    row = unit - plane * out_height
+    window_top = row * row_step - top
+    inside_top = max(window_top, 0)
+    inside_end = min(window_top + window_height, height)
+    return plane, row, inside_top, inside_end, max(next_row, inside_top)
+
+
+@njit(inline="always")
 def interior_outputs(axes, width):
     """(lo, hi): the outputs along the last axis whose ``width`` taps (dilation 1) all lie
     inside the input. Divisions: computed once per run of units, not per unit."""

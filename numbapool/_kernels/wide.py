@@ -24,7 +24,7 @@ from .._plan import AXIS_EXTENT
 from . import kernel
 from .codec import accumulator_array, as_accumulator, decode, encode
 from .sums import divisor_row, lp_root, lp_term
-from .units import plane_axes
+from .units import plane_axes, ring_slot, ring_slots, window_rows
 
 
 @njit(inline="always")
@@ -64,16 +64,15 @@ def _add_taps(padded, tap, taps, sums, at, out_width, step):
 def _add_rows(sums, first, rows, slots, totals, out_width):
     """totals[o] += the row sums of ``rows`` (1 to 3) input rows from ``first``, in order,
     each from its slot of the ring, for o < out_width."""
-    mask = np.uint64(slots - 1)
     width = np.uint64(out_width)
-    a = (np.uint64(first) & mask) * width
+    a = ring_slot(first, slots, out_width)
     if rows == 3:
-        b = (np.uint64(first + 1) & mask) * width
-        c = (np.uint64(first + 2) & mask) * width
+        b = ring_slot(first + 1, slots, out_width)
+        c = ring_slot(first + 2, slots, out_width)
         for o in range(width):
             totals[o] = ((totals[o] + sums[a + o]) + sums[b + o]) + sums[c + o]
     elif rows == 2:
-        b = (np.uint64(first + 1) & mask) * width
+        b = ring_slot(first + 1, slots, out_width)
         for o in range(width):
             totals[o] = (totals[o] + sums[a + o]) + sums[b + o]
     else:
@@ -101,9 +100,7 @@ def wide_sum_units(unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, bl
         padded[i] = zero
     # a row's taps in as few passes as take 4 at most, as even as can be (5: 3 and 2)
     passes = (window_width + 3) // 4
-    slots = 1
-    while slots < window_height:
-        slots *= 2
+    slots = ring_slots(window_height)
     sums = accumulator_array(slots * out_width, zero)
     totals = accumulator_array(out_width, zero)
     row_divisors = accumulator_array(out_width if p_kind == 0 else 0, zero)
@@ -113,18 +110,12 @@ def wide_sum_units(unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, bl
     plane = -1
     next_row = 0  # the plane's next input row without its row sums in the ring
     for unit in range(unit_begin, unit_end):
-        if unit // out_height != plane:
-            plane = unit // out_height
-            next_row = 0
-        row = unit - plane * out_height
-        window_top = row * row_step - top
-        inside_top = max(window_top, 0)
-        inside_end = min(window_top + window_height, height)
-        next_row = max(next_row, inside_top)
+        plane, row, inside_top, inside_end, next_row = window_rows(
+            unit, plane, next_row, out_height, row_step, top, window_height, height)
         while next_row < inside_end:
             _padded_row(source, np.uint64((plane * height + next_row) * width), padded, left,
                         copied, zero, p, p_kind)
-            at = (np.uint64(next_row) & np.uint64(slots - 1)) * np.uint64(out_width)
+            at = ring_slot(next_row, slots, out_width)
             for o in range(np.uint64(out_width)):
                 sums[at + o] = zero
             for tap_pass in range(passes):
