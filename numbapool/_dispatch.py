@@ -107,9 +107,9 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
     indices_arguments = None
     if plan.op == "MaxPool":
         if _indexed_window(plan) and block == plan.out_shape[-1]:  # its units: whole rows
-            entry = _INDEXED_MAX[plan.strides[-1]]
-            indices_arguments = (entry, (lowest_value(plan.dtype), g["axes"], g["tap_outputs"],
-                                         block, *entry.kinds))
+            indexed_entry = _INDEXED_MAX[plan.strides[-1]]
+            indices_arguments = (indexed_entry, (lowest_value(plan.dtype), g["axes"],
+                                                 g["tap_outputs"], block, *indexed_entry.kinds))
         else:
             indices_arguments = (_MAX_POOL_WITH_INDICES, (
                 g["tap_index_offsets"], lowest_value(plan.dtype), g["axes"], g["taps"],
