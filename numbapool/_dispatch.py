@@ -104,9 +104,10 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
         pass
     block, units, chunks, slots = _work_split(plan, threads)
     g = plan.geometry
+    whole_rows = block == plan.out_shape[-1]  # the row kernels' units: not parts of rows
     indices_arguments = None
     if plan.op == "MaxPool":
-        if _indexed_window(plan) and block == plan.out_shape[-1]:  # its units: whole rows
+        if _indexed_window(plan) and whole_rows:
             indexed_entry = _INDEXED_MAX[plan.strides[-1]]
             indices_arguments = (indexed_entry, (lowest_value(plan.dtype), g["axes"],
                                                  g["tap_outputs"], block, *indexed_entry.kinds))
@@ -122,9 +123,7 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
                      g["tap_outputs"], g["lead_rows"], g["divisor_counts"], block, slots,
                      *entry.kinds)
     special = _specialized(plan)
-    # the planes' and wide windows' kernels take whole output rows: not the parts of rows
-    # of a small call
-    if special is not None and (special[0] not in _ROW_KERNELS or block == plan.out_shape[-1]):
+    if special is not None and (special[0] not in _ROW_KERNELS or whole_rows):
         entry, arguments = special[0], (*special[1], block, *special[0].kinds)
     launch = plan.launches[threads] = Launch(units, chunks, entry, arguments, indices_arguments,
                                              {})
@@ -199,20 +198,24 @@ def _plane_window(plan: WindowPlan) -> bool:
             and math.prod(plan.spatial_in) <= planes.PLANE_ELEMENTS)
 
 
+def _row_window(plan: WindowPlan) -> bool:
+    """Whether a 2-D row kernel (wide.py, indexed.py) can serve the window: 2-D, no
+    dilation, a stride of 1 or 2 along the rows."""
+    return len(plan.kernel_shape) == 2 and plan.dilations == (1, 1) and plan.strides[-1] <= 2
+
+
 def _wide_window(plan: WindowPlan) -> bool:
-    """Whether wide.wide_sum_units serves an AveragePool or LpPool window: 2-D, no
-    dilation, a stride of 1 or 2 along the rows; for AveragePool not 3 taps wide (the
-    generic kernel's three_tap_row_sums takes those rows in one loop body, with no padded
-    copy: measured faster), for LpPool p = 2 only."""
-    return (len(plan.kernel_shape) == 2 and plan.dilations == (1, 1) and plan.strides[-1] <= 2
-            and (plan.kernel_shape[-1] != 3 if plan.op == "AveragePool" else plan.p == 2.0))
+    """Whether wide.wide_sum_units serves an AveragePool or LpPool window: a _row_window;
+    for AveragePool not 3 taps wide (the generic kernel's three_tap_row_sums takes those
+    rows in one loop body, with no padded copy: measured faster), for LpPool p = 2 only."""
+    return _row_window(plan) and (plan.kernel_shape[-1] != 3 if plan.op == "AveragePool"
+                                  else plan.p == 2.0)
 
 
 def _indexed_window(plan: WindowPlan) -> bool:
-    """Whether indexed.indexed_max_units serves a MaxPool with Indices: 2-D, no dilation,
-    a stride of 1 or 2 along the rows, rows and columns that int32s number."""
-    return (len(plan.kernel_shape) == 2 and plan.dilations == (1, 1) and plan.strides[-1] <= 2
-            and max(plan.spatial_in) < 2 ** 31)
+    """Whether indexed.indexed_max_units serves a MaxPool with Indices: a _row_window whose
+    rows and columns int32s number."""
+    return _row_window(plan) and max(plan.spatial_in) < 2 ** 31
 
 
 def _p_kind(op: str, p: float) -> int:

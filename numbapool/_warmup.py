@@ -46,7 +46,9 @@ def _windows():
     at strides 1 and 2 (planes.py: a plane of 64x64 is past the parallel threshold), each
     of fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels (columns.column_units),
     one per kind of last-axis window (3-high windows: a 2x2 one would take a fixed window's
-    kernel), which are also the wide windows (wide.py) at steps 1 and 2. LpPool
+    kernel), which are also the wide windows (wide.py) at steps 1 and 2. MaxPool with
+    Indices reaches the indexed kernel (indexed.py) through the 2-D windows at steps 1 and 2,
+    and the generic one through the window over one axis. LpPool
     compiles per kind of p (|x|, x ** 2, |x| ** 3, any other p): each kind in the generic
     and the fixed windows."""
     from ._kernels import columns, fixed
