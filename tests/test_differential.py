@@ -451,6 +451,29 @@ def test_wide_window_kernel(data):
     _check_row_kernel(op, x, attrs, "_WIDE_SUMS", "_wide_window")
 
 
+# Bit patterns per float dtype: +0, -0, two different NaNs, -1, 1, -inf. Which zero and which
+# NaN a window gives depends on the order its taps are scanned in.
+_TIE_BITS = {
+    np.dtype(np.float16): (np.uint16, [0, 0x8000, 0x7E00, 0xFE01, 0xBC00, 0x3C00, 0xFC00]),
+    np.dtype(ml_dtypes.bfloat16): (np.uint16, [0, 0x8000, 0x7FC0, 0xFFC1, 0xBF80, 0x3F80,
+                                               0xFF80]),
+    np.dtype(np.float32): (np.uint32, [0, 0x80000000, 0x7FC00000, 0xFFC00001, 0xBF800000,
+                                       0x3F800000, 0xFF800000]),
+    np.dtype(np.float64): (np.uint64, [0, 1 << 63, 0x7FF8000000000000, 0xFFF8000000000001,
+                                       0xBFF0000000000000, 0x3FF0000000000000,
+                                       0xFFF0000000000000]),
+}
+
+
+@st.composite
+def tie_array(draw, dtype, shape):
+    """An array of ``shape`` whose elements are _TIE_BITS' patterns of the float ``dtype``."""
+    bits_type, patterns = _TIE_BITS[dtype]
+    codes = draw(st.lists(st.integers(0, len(patterns) - 1), min_size=math.prod(shape),
+                          max_size=math.prod(shape)))
+    return np.array(patterns, dtype=bits_type)[codes].view(dtype).reshape(shape)
+
+
 @SETTINGS
 @given(st.data())
 def test_indexed_kernel(data):
@@ -464,13 +487,7 @@ def test_indexed_kernel(data):
     # channels enough that the output rows are whole units on two threads (_work_split)
     shape = (data.draw(st.integers(1, 2)), 8, data.draw(st.integers(1, 9)),
              data.draw(st.integers(1, 9)))
-    if dtype.kind == "f" or dtype == ml_dtypes.bfloat16:
-        bits_type, patterns = _TIE_BITS[dtype]
-        codes = data.draw(st.lists(st.integers(0, len(patterns) - 1),
-                                   min_size=math.prod(shape), max_size=math.prod(shape)))
-        x = np.array(patterns, dtype=bits_type)[codes].view(dtype).reshape(shape)
-    else:
-        x = data.draw(array_of(dtype, shape))
+    x = data.draw(tie_array(dtype, shape) if dtype in _TIE_BITS else array_of(dtype, shape))
     kernel_shape = [data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5))]
     attrs = dict(kernel_shape=kernel_shape,
                  strides=[data.draw(st.integers(1, 3)), data.draw(st.integers(1, 2))],
@@ -490,20 +507,6 @@ def test_indexed_kernel(data):
     np.testing.assert_array_equal(indices, expected[1])
 
 
-# Bit patterns per float dtype: +0, -0, two different NaNs, -1, 1, -inf. Which zero and which
-# NaN a window gives depends on the order its taps are scanned in.
-_TIE_BITS = {
-    np.dtype(np.float16): (np.uint16, [0, 0x8000, 0x7E00, 0xFE01, 0xBC00, 0x3C00, 0xFC00]),
-    np.dtype(ml_dtypes.bfloat16): (np.uint16, [0, 0x8000, 0x7FC0, 0xFFC1, 0xBF80, 0x3F80,
-                                               0xFF80]),
-    np.dtype(np.float32): (np.uint32, [0, 0x80000000, 0x7FC00000, 0xFFC00001, 0xBF800000,
-                                       0x3F800000, 0xFF800000]),
-    np.dtype(np.float64): (np.uint64, [0, 1 << 63, 0x7FF8000000000000, 0xFFF8000000000001,
-                                       0xBFF0000000000000, 0x3FF0000000000000,
-                                       0xFFF0000000000000]),
-}
-
-
 @SETTINGS
 @given(st.data())
 def test_max_pool_columns_kernel(data):
@@ -519,10 +522,7 @@ def test_max_pool_columns_kernel(data):
     max_side = {2: 7, 3: 5, 4: 3}[rank]
     shape = (data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)),
              *data.draw(st.lists(st.integers(1, max_side), min_size=rank, max_size=rank)))
-    bits_type, patterns = _TIE_BITS[dtype]
-    codes = data.draw(st.lists(st.integers(0, len(patterns) - 1), min_size=math.prod(shape),
-                               max_size=math.prod(shape)))
-    x = np.array(patterns, dtype=bits_type)[codes].view(dtype).reshape(shape)
+    x = data.draw(tie_array(dtype, shape))
     attrs = data.draw(window_attributes(rank))
     expected = _expected_or_same_error("MaxPool", numbapool.max_pool, x, attrs)
     if expected is None:
