@@ -111,8 +111,8 @@ def test_the_summing_kernel_compiles_one_kind_of_p(tmp_path):
     assert process.returncode == 0, process.stderr
     three_wide, four_wide, lp = json.loads(process.stdout.splitlines()[-1])
     assert three_wide["sum_pool_units"] == 1 and three_wide["three_tap_row_sums"] == 1
-    assert not {"sum_over_last_axis", "_kind_run", "store_roots_apart"} & set(three_wide)
+    assert not {"sum_over_last_axis", "_kind_run"} & set(three_wide)
     assert four_wide["sum_pool_units"] == 1 and four_wide["sum_over_last_axis"] == 1
     assert four_wide["_kind_run"] == 1 and "three_tap_row_sums" not in four_wide
-    assert lp["sum_pool_units"] == 1 and lp["store_roots_apart"] == 1
+    assert lp["sum_pool_units"] == 1
     assert lp["_kind_run"] == 1 and "three_tap_row_sums" not in lp

@@ -14,14 +14,15 @@ their taps one by one, in the generic kernels' order: the results are the same, 
 import numpy as np
 from numba import njit
 
-from .._plan import AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN
+from .._plan import AXIS_IN, AXIS_PAD_BEGIN
 from . import kernel
 from .entry import EntryPoint
-from .codec import accumulator_array, as_accumulator, decode, encode
+from .codec import as_accumulator, decode, encode
 from .units import first_unit_row, interior_outputs, interior_span, unit_row
 from .maxima import border_max, fold_max
 from .prefetch import prefetch_ahead
-from .sums import border_sum, leading_divisor, lp_root, mean_at, store_roots, term_at
+from .sums import (border_sum, leading_divisor, lp_root, mean_at, queue_roots, root_queue,
+                   term_at)
 
 
 @njit(inline="always")
@@ -80,11 +81,11 @@ def fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets,
 
 @njit(inline="always")
 def _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_length, plane,
-                   depth, height, width, zero, p, p_kind, leading, x, y, totals):
+                   depth, height, width, zero, p, p_kind, leading, x, y, queue, queue_base):
     """Outputs [lo, hi) of a row whose windows lie inside the input: each window's input
     rows summed along the last axis, then the rows in order, as the generic kernel adds
-    them; the mean (p_kind 0) or the root, rounded once. Cube roots (p_kind 3) go through
-    ``totals`` to store_roots, whose loop of them vectorizes where this one would not."""
+    them; the mean (p_kind 0) or the root, rounded once. Cube roots (p_kind 3) wait in the
+    queue (sums.root_queue), output o's total at queue[queue_base + o]."""
     # Every tap of these windows lies inside the input, so each counts all of its taps
     # (divisor_counts[last, o] is the width): one divisor for the row, converted once. Per
     # output, the int64 table's conversion kept the loop from vectorizing.
@@ -102,11 +103,9 @@ def _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_le
         if p_kind == 0:
             out[np.uint64(out_first + o)] = encode(total / divisor, y)
         elif p_kind == 3:
-            totals[o - lo] = total
+            queue[np.uint64(queue_base + o)] = total
         else:
             out[np.uint64(out_first + o)] = encode(lp_root(total, p, p_kind), y)
-    if p_kind == 3:
-        store_roots(totals, np.uint64(0), out, np.uint64(out_first + lo), hi - lo, p, p_kind, y)
 
 
 @kernel()
@@ -117,18 +116,22 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets
     last, row_length, plane, pad = _fixed_layout(axes)
     interior = interior_outputs(axes, width)
     p = as_accumulator(p, zero)
-    totals = accumulator_array(axes[AXIS_OUT, last] if p_kind == 3 else 0, zero)
+    queue = root_queue(p_kind, block)
+    queued, queued_at = 0, np.uint64(0)
     starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = unit_row(
             unit, unit_begin, nc, positions, starts, axes, block, x, y)
         leading = leading_divisor(divisor_counts, positions, last) if p_kind == 0 else 1
+        if p_kind == 3 and queued == 0:
+            queued_at = np.uint64(out_first + first)
+        queue_base = queued - first
         lo = hi = end
         if row_inside:
             lo, hi = interior_span(first, end, interior)
             _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_length,
                            plane, depth, height, width, zero, p, p_kind, leading, x, y,
-                           totals)
+                           queue, queue_base)
         for o in range(first, end):
             if lo <= o < hi:
                 continue
@@ -136,8 +139,13 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets
                                axes, taps, tap_offsets, width)
             if p_kind == 0:
                 out[np.uint64(out_first + o)] = mean_at(total, leading, divisor_counts, o, zero, y)
+            elif p_kind == 3:
+                queue[np.uint64(queue_base + o)] = total
             else:
                 out[np.uint64(out_first + o)] = encode(lp_root(total, p, p_kind), y)
+        if p_kind == 3:
+            queued = queue_roots(queue, queued + end - first, queued_at, out,
+                                 unit == unit_end - 1)
 
 
 def fixed_window_kernels(depth, height, width, step):

@@ -48,13 +48,31 @@ def lp_root(total, p, p_kind):
     return total ** (1 / p)
 
 
-# cube_root's shortcut: totals in [CUBE_LOW, CUBE_HIGH], whose bracket's cubes stay normal
+# cube_root's shortcut: totals in [CUBE_LOW, CUBE_HIGH], whose roots' cubes stay normal
 CUBE_LOW = 2.0 ** -900
 CUBE_HIGH = 2.0 ** 900
-# The bracket's half width and its cubes' margin, relative: see cube_root
-CUBE_SLACK = 2.0 ** -42
+# How far the approximate root's cube may lie from the total, and the bracket's half
+# width, relative: see cube_root
+CUBE_SLACK = 2.0 ** -43
 # t ** (-1/3) within 3.5%, by its bits: the exponent divided by -3
 INVERSE_CUBE_ROOT_BITS = np.int64(0x553EF0FF289DD796)
+
+
+# Its products and sums may fuse (fastmath "contract"): cube_root checks the result, whatever
+# its error. Fused and in two steps of fourth order, not four of Newton's, the roots' loop
+# took 0.66 of the time (scratch measurement, runs of 512).
+@njit(forceinline=True, nogil=True, fastmath={"contract"})
+def _approximate_cube_root(t):
+    """About t ** (1/3), for t in [CUBE_LOW, CUBE_HIGH]: t y ** 2, y about t ** (-1/3), from
+    a guess by its bits (within 3.5%) and two steps of the series below (its error to the
+    fourth power each time: 3.5% -> 2e-5 -> the roundings)."""
+    inverse = float64_from_bits(
+        INVERSE_CUBE_ROOT_BITS - np.int64(np.float64(float64_bits(t)) * (1.0 / 3.0)))
+    for _ in range(2):
+        # t y**3 = 1 - e: t ** (-1/3) = y (1 - e) ** (-1/3) = y (1 + e/3 + 2e²/9 + 14e³/81 + ...)
+        e = 1.0 - t * (inverse * inverse * inverse)
+        inverse = inverse + inverse * (e * ((1.0 / 3.0) + e * ((2.0 / 9.0) + e * (14.0 / 81.0))))
+    return t * inverse * inverse
 
 
 @njit(inline="always")
@@ -63,53 +81,64 @@ def cube_root(total, y):
     whether that result is in doubt), without calling pow(), so that a loop of it
     vectorizes.
 
-    For t in [CUBE_LOW, CUBE_HIGH], pow(t, 1 / 3 in float64) lies within 2**-45 of the
-    exact root r: the exponent's rounding moves it by at most |ln t| 2**-55 < 2**-45.7,
-    relative, and pow's own error is a few ulps. Newton's iteration for t ** (-1/3) from a
-    guess by its bits gives an approximation a of r; if low = a (1 - s) and high = a (1 + s)
-    have cubes below t (1 - s) and above t (1 + s) (s = CUBE_SLACK, which also covers the
-    cubes' rounding), then low < r (1 - 2**-45) and high > r (1 + 2**-45), so pow's result
-    lies between them, and if both round to one result, pow's rounds to it too: rounding
-    never reverses an order. Otherwise the result is in doubt: about 2**-18 of float32 results,
-    and every total outside that range."""
+    For t in [CUBE_LOW, CUBE_HIGH], pow(t, 1 / 3 in float64) lies within 2**-46.2 of the
+    exact root r, relative: the exponent's rounding moves it by at most |ln t| 2**-54 / 3
+    < 2**-46.3, and pow's own error is under an ulp. Let a be an approximation whose cube,
+    computed in two roundings, lies within t s of t (s = CUBE_SLACK): then the exact cube
+    lies within t (s + 2**-52) of t, r within 2**-44.5 of a, and pow's result within 2**-44
+    of a. low = a (1 - s) and high = a (1 + s), even rounded, lie further from a than that,
+    so pow's result lies between them, and if both round to one result, pow's rounds to it
+    too: rounding never reverses an order. Otherwise the result is in doubt: about 2**-18.5
+    of float32 results, and every total outside that range."""
     t = min(max(total, CUBE_LOW), CUBE_HIGH)
-    # the bits as a float: its product with 1 / 3 vectorizes, an int64 division does not
-    inverse = float64_from_bits(
-        INVERSE_CUBE_ROOT_BITS - np.int64(np.float64(float64_bits(t)) * (1.0 / 3.0)))
-    for _ in range(4):  # the error squares each time: 3.5% -> 2.5e-3 -> 1.2e-5 -> 3e-10 -> ulps
-        inverse = inverse * (4.0 - t * (inverse * inverse * inverse)) * (1.0 / 3.0)
-    root = t * inverse * inverse
+    root = _approximate_cube_root(t)
+    close = abs(root * root * root - t) <= t * CUBE_SLACK
     low = root * (1.0 - CUBE_SLACK)
     high = root * (1.0 + CUBE_SLACK)
     result = encode(low, y)
     # bitwise, not short-circuit: no branch in a loop of them
-    doubt = ((low * low * low >= t * (1.0 - CUBE_SLACK))
-             | (high * high * high <= t * (1.0 + CUBE_SLACK))
-             | (result != encode(high, y)) | (total != t))
+    doubt = (not close) | (result != encode(high, y)) | (total != t)
     return result, doubt
 
 
 @njit(inline="always")
-def store_roots(totals, begin, out, out_begin, count, p, p_kind, y):
-    """out[out_begin + j] = lp_root(totals[begin + j]) rounded to y's dtype, for j < count.
-    Cube roots for results narrower than float64 take cube_root, in a loop that vectorizes;
-    a run with one in doubt is done again with pow(), as every other root is."""
-    if p_kind == 3 and y.itemsize < 8:
+def store_cube_roots(totals, count, out, out_begin):
+    """out[out_begin + j] = pow(totals[j], 1 / 3) rounded to out's dtype, for j < count
+    (LpPool p = 3). Narrower than float64, through cube_root, in a loop that vectorizes;
+    a run with one in doubt is done again with pow()."""
+    if out.itemsize < 8:
         doubt = False
         for j in range(count):
-            out[out_begin + np.uint64(j)], unsure = cube_root(totals[begin + np.uint64(j)], y)
+            out[out_begin + np.uint64(j)], unsure = cube_root(totals[j], out)
             doubt |= unsure
         if not doubt:
             return
     for j in range(count):
-        out[out_begin + np.uint64(j)] = encode(lp_root(totals[begin + np.uint64(j)], p, p_kind), y)
+        out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], 3.0, 3), out)
 
 
-@kernel()
-def store_roots_apart(totals, begin, out, out_begin, count, p, p_kind, y):
-    """store_roots as a function of its own, for the generic kernel: inlined into it, the
-    roots' loops made its AveragePool loops slower."""
-    store_roots(totals, begin, out, out_begin, count, p, p_kind, y)
+# LpPool p = 3's totals wait in a queue for their cube roots until a run of ROOT_RUN is
+# ready: LLVM vectorizes store_cube_roots's loop 32 roots to a pass and takes the rest 4 or
+# 1 at a time, so that a row of 28 roots took 3 times as long per root as a run of 512
+ROOT_RUN = 512
+
+
+@njit(inline="always")
+def root_queue(p_kind, block):
+    """The queue of float64 totals waiting for their cube roots (LpPool p = 3, ``p_kind``
+    3): room for a run of ROOT_RUN and a unit's ``block`` outputs; empty for other kinds."""
+    return empty(ROOT_RUN + block if p_kind == 3 else 0, np.float64)
+
+
+@njit(inline="always")
+def queue_roots(queue, queued, queued_at, out, last_unit):
+    """The queue holds ``queued`` totals, those of the outputs from ``queued_at`` on
+    (consecutive units' outputs follow on from each other in y). At ROOT_RUN or more, or
+    after a kernel's last unit, their roots are stored. Returns how many stay queued."""
+    if queued >= ROOT_RUN or last_unit:
+        store_cube_roots(queue, queued, out, queued_at)
+        return 0
+    return queued
 
 
 @njit(inline="always")
@@ -330,6 +359,8 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
     starts = empty(rank, np.int64)
     totals = accumulator_array(block, zero)
     rows = accumulator_array(slots * block, zero)
+    queue = root_queue(p_kind, block)
+    queued, queued_at = 0, np.uint64(0)
     keys = full(slots, -1, np.int64)
     row_bases = empty(lead_count, np.int64)
     # flat views, made once: a view per row costs reference counting in the hot loop
@@ -394,8 +425,13 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
                                  row_divisors, zero, y)
             else:
                 store_means(totals, out, out_begin, end - first, first, row_divisors, y)
-        elif p_kind == 2:  # the common norm gets a loop with its kind a constant
+        elif p_kind == 3:
+            if queued == 0:
+                queued_at = out_begin
             for j in range(end - first):
-                out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, 2), y)
+                queue[np.uint64(queued + j)] = totals[j]
+            queued = queue_roots(queue, queued + end - first, queued_at, out,
+                                 unit == unit_end - 1)
         else:
-            store_roots_apart(totals, np.uint64(0), out, out_begin, end - first, p_acc, p_kind, y)
+            for j in range(end - first):
+                out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, p_kind), y)
