@@ -15,7 +15,8 @@ from . import _threads
 from ._kernels import (columns, fixed, global_, indexed, maxima, parallel, planes, sums, unpool,
                        wide)
 from ._kernels.entry import EntryPoint
-from ._plan import BFLOAT16, UnpoolPlan, WindowPlan, global_plan, window_extents
+from ._plan import (BFLOAT16, UnpoolPlan, WindowPlan, global_plan, window_extents,
+                    window_plan)
 
 # 16-bit floats reach numba as their bit patterns; see _kernels/codec.py.
 _STORAGE = {np.dtype(np.float16): np.dtype(np.uint16), BFLOAT16: np.dtype(np.int16)}
@@ -39,12 +40,12 @@ _MAX_POOL_WITH_INDICES = EntryPoint(maxima.max_pool_units_with_indices)
 # the summing kernel per kind of p (_p_kind), AveragePool's also for windows 3 taps wide
 _SUM_POOLS = {(p_kind, three_taps): EntryPoint(sums.sum_pool_units, (p_kind, three_taps))
               for p_kind in range(5) for three_taps in ((False, True) if p_kind == 0 else (False,))}
-# MaxPool with Indices over 2-D windows, per stride along the rows (1 or 2)
+# MaxPool with Indices over 1-D and 2-D windows, per stride along the rows (1 or 2)
 _INDEXED_MAX = {step: EntryPoint(indexed.indexed_max_units, (step,)) for step in (1, 2)}
 _GLOBAL_MAX = EntryPoint(global_.global_max_units, inputs=2)  # x and its bits
 # AveragePool's 3x3 windows over small planes, per stride along the rows (1 or 2)
 _PLANE_MEANS = {step: EntryPoint(planes.plane_mean_units, (step,)) for step in (1, 2)}
-# the wide 2-D windows' kernel per (kind of p: AveragePool's 0, LpPool's 2, stride along
+# the wide windows' kernel per (kind of p: AveragePool's 0, LpPool's 2, stride along
 # the rows: 1 or 2)
 _WIDE_SUMS = {(p_kind, step): EntryPoint(wide.wide_sum_units, (p_kind, step))
               for p_kind in (0, 2) for step in (1, 2)}
@@ -109,8 +110,10 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
     if plan.op == "MaxPool":
         if _indexed_window(plan) and whole_rows:
             indexed_entry = _INDEXED_MAX[plan.strides[-1]]
-            indices_arguments = (indexed_entry, (lowest_value(plan.dtype), g["axes"],
-                                                 g["tap_outputs"], block, *indexed_entry.kinds))
+            rows = _rows_geometry(plan)
+            indices_arguments = (indexed_entry, (lowest_value(plan.dtype), rows["axes"],
+                                                 rows["tap_outputs"], block,
+                                                 *indexed_entry.kinds))
         else:
             indices_arguments = (_MAX_POOL_WITH_INDICES, (
                 g["tap_index_offsets"], lowest_value(plan.dtype), g["axes"], g["taps"],
@@ -199,17 +202,37 @@ def _plane_window(plan: WindowPlan) -> bool:
 
 
 def _row_window(plan: WindowPlan) -> bool:
-    """Whether a 2-D row kernel (wide.py, indexed.py) can serve the window: 2-D, no
-    dilation, a stride of 1 or 2 along the rows."""
-    return len(plan.kernel_shape) == 2 and plan.dilations == (1, 1) and plan.strides[-1] <= 2
+    """Whether a 2-D row kernel (wide.py, indexed.py) can serve the window: 1-D (as the
+    2-D window of height 1, _rows_geometry) or 2-D, no dilation, a stride of 1 or 2 along
+    the rows."""
+    return (len(plan.kernel_shape) <= 2 and set(plan.dilations) == {1}
+            and plan.strides[-1] <= 2)
+
+
+def _rows_geometry(plan: WindowPlan) -> dict:
+    """The geometry a 2-D row kernel takes: a 1-D window's as the 2-D window of height 1
+    over the same elements, whose outputs and Indices are the same, in the same order (an
+    axis of length 1 changes no flat index, in either storage order), its divisor counts
+    along the row the plan's own (a region's are the whole call's: _plan.region_plan)."""
+    if len(plan.kernel_shape) == 2:
+        return plan.geometry
+    rows = window_plan(plan.op, (*plan.in_shape[:2], 1, *plan.in_shape[2:]), plan.dtype,
+                       (1, *plan.kernel_shape), strides=(1, *plan.strides),
+                       pads=(0, *plan.pads_begin, 0, *plan.pads_end), ceil_mode=plan.ceil_mode,
+                       count_include_pad=plan.count_include_pad, p=plan.p,
+                       storage_order=plan.storage_order)
+    return rows.window_geometry(np.concatenate([rows.geometry["divisor_counts"][:1],
+                                                plan.geometry["divisor_counts"]]))
 
 
 def _wide_window(plan: WindowPlan) -> bool:
-    """Whether wide.wide_sum_units serves an AveragePool or LpPool window: a _row_window;
-    for AveragePool not 3 taps wide (the generic kernel's three_tap_row_sums takes those
-    rows in one loop body, with no padded copy: measured faster), for LpPool p = 2 only."""
-    return _row_window(plan) and (plan.kernel_shape[-1] != 3 if plan.op == "AveragePool"
-                                  else plan.p == 2.0)
+    """Whether wide.wide_sum_units serves an AveragePool or LpPool window: a _row_window,
+    over one axis at a stride of 2 only (at 1 the generic kernel's passes over runs of
+    consecutive elements were faster); for AveragePool not 3 taps wide (the generic
+    kernel's three_tap_row_sums takes those rows in one loop body, with no padded copy:
+    measured faster), for LpPool p = 2 only."""
+    return (_row_window(plan) and (len(plan.kernel_shape) == 2 or plan.strides[-1] == 2)
+            and (plan.kernel_shape[-1] != 3 if plan.op == "AveragePool" else plan.p == 2.0))
 
 
 def _indexed_window(plan: WindowPlan) -> bool:
@@ -291,8 +314,8 @@ def _specialized(plan: WindowPlan):
     does no work here. Measured faster than the rank-generic kernels (docs/performance.md):
     a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool, LpPool), AveragePool's 3x3 windows
     at strides of 1 or 2 over small planes (planes.plane_mean_units), AveragePool's other
-    2-D windows not 3 taps wide and LpPool's with p = 2, at steps of 1 or 2 along the rows
-    (wide.wide_sum_units), else, for every other MaxPool, the input-rows-first
+    2-D windows not 3 taps wide and LpPool's with p = 2, at steps of 1 or 2 along the rows,
+    and their 1-D ones at a step of 2 (wide.wide_sum_units), else, for every other MaxPool, the input-rows-first
     columns.column_units for its kind."""
     try:
         return plan.launches["special"]
@@ -319,8 +342,9 @@ def _specialized(plan: WindowPlan):
                    (_sum_zero(plan), g["axes"], g["divisor_counts"]))
     elif plan.op != "MaxPool" and _wide_window(plan):
         zero = _sum_zero(plan)
+        rows = _rows_geometry(plan)
         special = (_WIDE_SUMS[_p_kind(plan.op, plan.p), plan.strides[-1]],
-                   (zero, zero.dtype.type(plan.p), g["axes"], g["divisor_counts"]))
+                   (zero, zero.dtype.type(plan.p), rows["axes"], rows["divisor_counts"]))
     elif plan.op == "MaxPool":
         # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
         check_ties = plan.dtype.kind not in "iu"

@@ -167,3 +167,17 @@ def test_windows_that_all_miss_the_input(dtype):
     y, indices = dask.compute(nd.max_pool(da.from_array(x, chunks=1), return_indices=True,
                                           **attributes), scheduler="sync")[0]
     assert (indices == -1).all()
+
+
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+def test_one_axis_windows_in_the_row_kernels(count_include_pad):
+    # AveragePool over one axis at stride 2 runs in the 2-D row kernel as a window of height
+    # 1 (_dispatch._rows_geometry; its units are whole rows: 8 rows to a region here); a
+    # region's divisors there are still the whole call's. The last window ends past the
+    # padded input (ceil_mode), where the last region's pads reach.
+    x = np.random.default_rng(5).standard_normal((4, 8, 41)).astype(np.float32)
+    attributes = dict(kernel_shape=[4], strides=[2], pads=[1, 1], ceil_mode=1,
+                      count_include_pad=count_include_pad)
+    expected = numbapool.average_pool(x, **attributes)
+    lazy = nd.average_pool(da.from_array(x, chunks=(2, 4, 9)), **attributes)
+    assert_bitwise_equal(np.asarray(lazy.compute(scheduler="synchronous")), expected)

@@ -428,26 +428,31 @@ def test_plane_kernel(data):
 @given(st.data())
 def test_wide_window_kernel(data):
     """AveragePool's 2-D windows other than 3 taps wide and LpPool's with p = 2, at steps
-    of 1 and 2 along the rows, take each input row's terms padded with zeros
-    (wide.wide_sum_units): the reference's values, and the bits of the generic kernel,
-    zeros' signs included, whatever the pads."""
+    of 1 and 2 along the rows, and those over one axis at a step of 2 (as 2-D windows of
+    height 1), take each input row's terms padded with zeros (wide.wide_sum_units): the
+    reference's values, and the bits of the generic kernel, zeros' signs included,
+    whatever the pads."""
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
     op = data.draw(st.sampled_from(["AveragePool", "LpPool"]))
+    rank = data.draw(st.integers(1, 2))
     # channels enough that the output rows are whole units on two threads (_work_split)
-    shape = (data.draw(st.integers(1, 2)), 8, data.draw(st.integers(1, 9)),
-             data.draw(st.integers(1, 9)))
+    shape = (data.draw(st.integers(1, 2)), 8,
+             *(data.draw(st.integers(1, 9)) for _ in range(rank)))
     x = data.draw(order_sensitive_array(dtype, shape))
     widths = [1, 2, 4, 5, 6] if op == "AveragePool" else [1, 2, 3, 4, 5, 6]
-    kernel_shape = [data.draw(st.integers(1, 6)), data.draw(st.sampled_from(widths))]
-    attrs = dict(kernel_shape=kernel_shape,
-                 strides=[data.draw(st.integers(1, 3)), data.draw(st.integers(1, 2))],
+    kernel_shape = [data.draw(st.integers(1, 6)) for _ in range(rank - 1)]
+    kernel_shape.append(data.draw(st.sampled_from(widths)))
+    steps = [2] if rank == 1 else [1, 2]
+    strides = [data.draw(st.integers(1, 3)) for _ in range(rank - 1)]
+    strides.append(data.draw(st.sampled_from(steps)))
+    attrs = dict(kernel_shape=kernel_shape, strides=strides,
                  pads=[data.draw(st.integers(0, k - 1)) for k in kernel_shape * 2],
                  ceil_mode=data.draw(st.integers(0, 1)))
     if op == "AveragePool":
         attrs["count_include_pad"] = data.draw(st.integers(0, 1))
     else:
         attrs["p"] = 2
-    assume(kernel_shape != [2, 2] or attrs["strides"][1] == 1)  # 2x2 at step 2: fixed.py
+    assume(kernel_shape != [2, 2] or strides[1] == 1)  # 2x2 at step 2: fixed.py
     _check_row_kernel(op, x, attrs, "_WIDE_SUMS", "_wide_window")
 
 
@@ -477,20 +482,23 @@ def tie_array(draw, dtype, shape):
 @SETTINGS
 @given(st.data())
 def test_indexed_kernel(data):
-    """MaxPool with Indices over 2-D windows at steps of 1 and 2 along the rows takes each
-    input row split into its even and odd elements (indexed.indexed_max_units): the
-    reference's elements bit for bit and its Indices, whatever the pads and the storage
-    order, over ties of zeros of both signs and NaNs of two kinds."""
+    """MaxPool with Indices over 1-D windows (as 2-D windows of height 1) and 2-D ones at
+    steps of 1 and 2 along the rows takes each input row split into its even and odd
+    elements (indexed.indexed_max_units): the reference's elements bit for bit and its
+    Indices, whatever the pads and the storage order, over ties of zeros of both signs and
+    NaNs of two kinds."""
     from numbapool import _dispatch, _threads
 
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS + INTS)))
+    rank = data.draw(st.integers(1, 2))
     # channels enough that the output rows are whole units on two threads (_work_split)
-    shape = (data.draw(st.integers(1, 2)), 8, data.draw(st.integers(1, 9)),
-             data.draw(st.integers(1, 9)))
+    shape = (data.draw(st.integers(1, 2)), 8,
+             *(data.draw(st.integers(1, 9)) for _ in range(rank)))
     x = data.draw(tie_array(dtype, shape) if dtype in _TIE_BITS else array_of(dtype, shape))
-    kernel_shape = [data.draw(st.integers(1, 5)), data.draw(st.integers(1, 5))]
+    kernel_shape = [data.draw(st.integers(1, 5)) for _ in range(rank)]
     attrs = dict(kernel_shape=kernel_shape,
-                 strides=[data.draw(st.integers(1, 3)), data.draw(st.integers(1, 2))],
+                 strides=[*(data.draw(st.integers(1, 3)) for _ in range(rank - 1)),
+                          data.draw(st.integers(1, 2))],
                  pads=[data.draw(st.integers(0, k - 1)) for k in kernel_shape * 2],
                  ceil_mode=data.draw(st.integers(0, 1)),
                  storage_order=data.draw(st.integers(0, 1)))

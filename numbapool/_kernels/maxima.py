@@ -1,8 +1,8 @@
 """MaxPool with Indices over any window, any number of axes (the generic kernel).
 
 _dispatch chooses it for MaxPool with Indices where indexed.py does not serve (windows over
-one axis or three and more, dilated ones, strides past 2 along the rows, output rows split
-into several units); MaxPool without them takes fixed.py or columns.py. All give the same
+three axes and more, dilated ones, strides past 2 along the rows, output rows split into
+several units); MaxPool without them takes fixed.py or columns.py. All give the same
 results, bit for bit.
 
 A window's first maximum in row-major order is the first maximum over its input rows of

@@ -1,9 +1,9 @@
 """AveragePool and LpPool over any window, any number of axes (the generic summing kernel).
 
 _dispatch chooses it for the AveragePool and LpPool windows that fixed.py, planes.py and
-wide.py leave: over one axis or three and more, dilated, a step past 2 along the rows,
-AveragePool's 3 taps wide along the rows but 3x3 over small planes, and LpPool's with p
-other than 2. A window's sum is the sum over its input rows, in order, of each row's sum
+wide.py leave: over one axis at a step other than 2, over three axes and more, dilated, a
+step past 2 along the rows, AveragePool's 3 taps wide along the rows but 3x3 over small
+planes, and LpPool's with p other than 2. A window's sum is the sum over its input rows, in order, of each row's sum
 along the last axis (docs/semantics.md); each input row's sums are computed once, cached,
 and serve the next output rows. AveragePool sums accumulate in float32 (float64 for
 float64 input), LpPool's in float64 (``|x| ** p`` leaves float32's range for moderate p).

@@ -1,7 +1,8 @@
 """Wide windows: AveragePool and LpPool (p = 2) over 2-D windows, input rows padded once.
 
 _dispatch chooses it for 2-D windows with no dilation and a step of 1 or 2 along the
-rows, but the fixed 2x2 ones, when the units are whole output rows: AveragePool's but those
+rows, but the fixed 2x2 ones, and for windows over one axis at a step of 2 (as 2-D
+windows of height 1: _dispatch._rows_geometry), when the units are whole output rows: AveragePool's but those
 3 taps wide along the rows (the generic kernel's one loop body for three taps is faster
 there), and LpPool's with p = 2, the common norm (each other kind of p would be two more
 kernels to compile per dtype). The generic kernel (sums.py) adds a row's taps one pass
