@@ -41,8 +41,9 @@ def _choose(what: str, given, known: dict) -> list:
 def _windows():
     """(kernel_shape, strides, pads, LpPool's values of p, sides of the inputs) reaching
     every windowed kernel: the rank-generic ones (a padded 3x3 window; a window over one
-    axis for AveragePool's windows of another width and LpPool's p = 2, which the wide
-    windows' kernel takes over two axes), AveragePool's 3x3 windows over small planes
+    axis at a step of 3 for AveragePool's windows of another width, LpPool's p = 2 and
+    MaxPool with Indices, which the row kernels take over two axes and, at steps of 1 and
+    2, over one), AveragePool's 3x3 windows over small planes
     at strides 1 and 2 (planes.py: a plane of 64x64 is past the parallel threshold), each
     of fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels (columns.column_units),
     one per kind of last-axis window (3-high windows: a 2x2 one would take a fixed window's
@@ -56,7 +57,7 @@ def _windows():
     every_p = (1, 2, 3, 0.5)
     sides = (4, 128)
     yield [3, 3], [1, 1], [1, 1, 1, 1], every_p, sides
-    yield [4], [1], None, (2,), sides
+    yield [4], [3], None, (2,), sides
     yield [3, 3], [1, 1], [1, 1, 1, 1], (), (64,)
     yield [3, 3], [2, 2], [1, 1, 1, 1], (), (4, 64)
     for depth, height, width, step in fixed.FIXED_WINDOWS:
