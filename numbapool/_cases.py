@@ -33,6 +33,8 @@ CASES = [
     Case("global max", "GlobalMaxPool", (32, 2048, 7, 7)),
     Case("3-d", "MaxPool", (2, 32, 16, 56, 56), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),
     Case("1-d", "AveragePool", (16, 64, 16000), dict(kernel_shape=[4], strides=[4])),
+    Case("1-d with indices", "MaxPool", (16, 64, 16000), dict(kernel_shape=[3], strides=[2]),
+         return_indices=True),
     Case("uint8", "MaxPool", (8, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2]), dtype="uint8"),
     Case("float64", "MaxPool", (4, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
          dtype="float64"),
