@@ -315,8 +315,8 @@ def _specialized(plan: WindowPlan):
     a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool, LpPool), AveragePool's 3x3 windows
     at strides of 1 or 2 over small planes (planes.plane_mean_units), AveragePool's other
     2-D windows not 3 taps wide and LpPool's with p = 2, at steps of 1 or 2 along the rows,
-    and their 1-D ones at a step of 2 (wide.wide_sum_units), else, for every other MaxPool, the input-rows-first
-    columns.column_units for its kind."""
+    and their 1-D ones at a step of 2 (wide.wide_sum_units), else, for every other MaxPool,
+    the input-rows-first columns.column_units for its kind."""
     try:
         return plan.launches["special"]
     except KeyError:

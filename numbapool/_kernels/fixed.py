@@ -117,14 +117,12 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets
     interior = interior_outputs(axes, width)
     p = as_accumulator(p, zero)
     queue = root_queue(p_kind, block)
-    queued, queued_at = 0, np.uint64(0)
+    queued = 0
     starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = unit_row(
             unit, unit_begin, nc, positions, starts, axes, block, x, y)
         leading = leading_divisor(divisor_counts, positions, last) if p_kind == 0 else 1
-        if p_kind == 3 and queued == 0:
-            queued_at = np.uint64(out_first + first)
         queue_base = queued - first
         lo = hi = end
         if row_inside:
@@ -144,8 +142,8 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets
             else:
                 out[np.uint64(out_first + o)] = encode(lp_root(total, p, p_kind), y)
         if p_kind == 3:
-            queued = queue_roots(queue, queued + end - first, queued_at, out,
-                                 unit == unit_end - 1)
+            queued = queue_roots(queue, queued + end - first, out,
+                                 np.uint64(out_first + end), unit == unit_end - 1)
 
 
 def fixed_window_kernels(depth, height, width, step):

@@ -131,12 +131,12 @@ def root_queue(p_kind, block):
 
 
 @njit(inline="always")
-def queue_roots(queue, queued, queued_at, out, last_unit):
-    """The queue holds ``queued`` totals, those of the outputs from ``queued_at`` on
+def queue_roots(queue, queued, out, out_end, last_unit):
+    """The queue holds the totals of the ``queued`` outputs just before out[out_end]
     (consecutive units' outputs follow on from each other in y). At ROOT_RUN or more, or
     after a kernel's last unit, their roots are stored. Returns how many stay queued."""
     if queued >= ROOT_RUN or last_unit:
-        store_cube_roots(queue, queued, out, queued_at)
+        store_cube_roots(queue, queued, out, out_end - np.uint64(queued))
         return 0
     return queued
 
@@ -360,7 +360,7 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
     totals = accumulator_array(block, zero)
     rows = accumulator_array(slots * block, zero)
     queue = root_queue(p_kind, block)
-    queued, queued_at = 0, np.uint64(0)
+    queued = 0
     keys = full(slots, -1, np.int64)
     row_bases = empty(lead_count, np.int64)
     # flat views, made once: a view per row costs reference counting in the hot loop
@@ -426,12 +426,10 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
             else:
                 store_means(totals, out, out_begin, end - first, first, row_divisors, y)
         elif p_kind == 3:
-            if queued == 0:
-                queued_at = out_begin
             for j in range(end - first):
                 queue[np.uint64(queued + j)] = totals[j]
-            queued = queue_roots(queue, queued + end - first, queued_at, out,
-                                 unit == unit_end - 1)
+            queued = queue_roots(queue, queued + end - first, out,
+                                 out_begin + np.uint64(end - first), unit == unit_end - 1)
         else:
             for j in range(end - first):
                 out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, p_kind), y)

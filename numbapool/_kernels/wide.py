@@ -2,16 +2,17 @@
 
 _dispatch chooses it for 2-D windows with no dilation and a step of 1 or 2 along the
 rows, but the fixed 2x2 ones, and for windows over one axis at a step of 2 (as 2-D
-windows of height 1: _dispatch._rows_geometry), when the units are whole output rows: AveragePool's but those
-3 taps wide along the rows (the generic kernel's one loop body for three taps is faster
-there), and LpPool's with p = 2, the common norm (each other kind of p would be two more
-kernels to compile per dtype). The generic kernel (sums.py) adds a row's taps one pass
-over the row's sums at a time, each tap's run clipped to the input, computing each
-element's term again for every tap that reads it, and a window's rows one pass at a time
-too. Here each input row's terms are first computed once into a scratch row with zeros
-where the pads are, so that every output takes every tap from there, up to four taps to a
-pass; the row sums of the last input rows stay in a ring of slots, and each output row
-adds its window's rows three to a pass, then divides (or takes the root).
+windows of height 1: _dispatch._rows_geometry), when the units are whole output rows:
+AveragePool's but those 3 taps wide along the rows (the generic kernel's one loop body
+for three taps is faster there), and LpPool's with p = 2, the common norm (each other
+kind of p would be two more kernels to compile per dtype). The generic kernel (sums.py)
+adds a row's taps one pass over the row's sums at a time, each tap's run clipped to the
+input, computing each element's term again for every tap that reads it, and a window's
+rows one pass at a time too. Here each input row's terms are first computed once into a
+scratch row with zeros where the pads are, so that every output takes every tap from
+there, up to four taps to a pass; the row sums of the last input rows stay in a ring of
+slots, and each output row adds its window's rows three to a pass, then divides (or takes
+the root).
 
 Each sum is the generic kernel's, in its order (the taps of a row added to +0 left to
 right, then the rows added to +0 in order: docs/semantics.md), so the results are the
