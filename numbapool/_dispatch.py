@@ -46,9 +46,9 @@ _GLOBAL_MAX = EntryPoint(global_.global_max_units, inputs=2)  # x and its bits
 # AveragePool's 3x3 windows over small planes, per stride along the rows (1 or 2)
 _PLANE_MEANS = {step: EntryPoint(planes.plane_mean_units, (step,)) for step in (1, 2)}
 # the wide windows' kernel per (kind of p: AveragePool's 0, LpPool's 2, stride along
-# the rows: 1 or 2)
+# the rows: wide.COLUMN_STEPS)
 _WIDE_SUMS = {(p_kind, step): EntryPoint(wide.wide_sum_units, (p_kind, step))
-              for p_kind in (0, 2) for step in (1, 2)}
+              for p_kind in (0, 2) for step in wide.COLUMN_STEPS}
 # the kernels whose units must be whole output rows
 _ROW_KERNELS = (*_PLANE_MEANS.values(), *_WIDE_SUMS.values())
 
@@ -201,12 +201,12 @@ def _plane_window(plan: WindowPlan) -> bool:
             and math.prod(plan.spatial_in) <= planes.PLANE_ELEMENTS)
 
 
-def _row_window(plan: WindowPlan) -> bool:
+def _row_window(plan: WindowPlan, steps) -> bool:
     """Whether a 2-D row kernel (wide.py, indexed.py) can serve the window: 1-D (as the
-    2-D window of height 1, _rows_geometry) or 2-D, no dilation, a stride of 1 or 2 along
-    the rows."""
+    2-D window of height 1, _rows_geometry) or 2-D, no dilation, a stride along the rows
+    among ``steps``."""
     return (len(plan.kernel_shape) <= 2 and set(plan.dilations) == {1}
-            and plan.strides[-1] <= 2)
+            and plan.strides[-1] in steps)
 
 
 def _rows_geometry(plan: WindowPlan) -> dict:
@@ -226,19 +226,27 @@ def _rows_geometry(plan: WindowPlan) -> dict:
 
 
 def _wide_window(plan: WindowPlan) -> bool:
-    """Whether wide.wide_sum_units serves an AveragePool or LpPool window: a _row_window,
-    over one axis at a stride of 2 only (at 1 the generic kernel's passes over runs of
-    consecutive elements were faster); for AveragePool not 3 taps wide (the generic
-    kernel's three_tap_row_sums takes those rows in one loop body, with no padded copy:
-    measured faster), for LpPool p = 2 only."""
-    return (_row_window(plan) and (len(plan.kernel_shape) == 2 or plan.strides[-1] == 2)
-            and (plan.kernel_shape[-1] != 3 if plan.op == "AveragePool" else plan.p == 2.0))
+    """Whether wide.wide_sum_units serves an AveragePool or LpPool window: a _row_window at
+    a stride along the rows in wide.COLUMN_STEPS; over one axis not at a stride of 1 (there
+    the generic kernel's passes over runs of consecutive elements were faster) and, at a
+    stride of 4, at least 4 taps wide (narrower ones read less than the padded row copies);
+    for AveragePool not 3 taps wide at strides of 1 and 2 (the generic kernel's
+    three_tap_row_sums takes those rows in one loop body, with no padded copy: measured
+    faster); for LpPool p = 2 only."""
+    step, width = plan.strides[-1], plan.kernel_shape[-1]
+    if not _row_window(plan, wide.COLUMN_STEPS):
+        return False
+    if len(plan.kernel_shape) == 1 and (step == 1 or width < step):
+        return False
+    if plan.op == "AveragePool":
+        return width != 3 or step > 2
+    return plan.p == 2.0
 
 
 def _indexed_window(plan: WindowPlan) -> bool:
     """Whether indexed.indexed_max_units serves a MaxPool with Indices: a _row_window whose
     rows and columns int32s number."""
-    return _row_window(plan) and max(plan.spatial_in) < 2 ** 31
+    return _row_window(plan, _INDEXED_MAX) and max(plan.spatial_in) < 2 ** 31
 
 
 def _p_kind(op: str, p: float) -> int:
@@ -314,8 +322,8 @@ def _specialized(plan: WindowPlan):
     does no work here. Measured faster than the rank-generic kernels (docs/performance.md):
     a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool, LpPool), AveragePool's 3x3 windows
     at strides of 1 or 2 over small planes (planes.plane_mean_units), AveragePool's other
-    2-D windows not 3 taps wide and LpPool's with p = 2, at steps of 1 or 2 along the rows,
-    and their 1-D ones at a step of 2 (wide.wide_sum_units), else, for every other MaxPool,
+    2-D windows and LpPool's with p = 2 at the steps along the rows of _wide_window, and
+    their 1-D ones at steps 2 and 4 (wide.wide_sum_units), else, for every other MaxPool,
     the input-rows-first columns.column_units for its kind."""
     try:
         return plan.launches["special"]

@@ -47,7 +47,8 @@ def _windows():
     at strides 1 and 2 (planes.py: a plane of 64x64 is past the parallel threshold), each
     of fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels (columns.column_units),
     one per kind of last-axis window (3-high windows: a 2x2 one would take a fixed window's
-    kernel), which are also the wide windows (wide.py) at steps 1 and 2. MaxPool with
+    kernel), which are also the wide windows (wide.py) at steps 1 and 2, and a window over
+    one axis at a step of 4 for the wide windows' step of 4. MaxPool with
     Indices reaches the indexed kernel (indexed.py) through the 2-D windows at steps 1 and 2,
     and the generic one through the window over one axis. LpPool
     compiles per kind of p (|x|, x ** 2, |x| ** 3, any other p): each kind in the generic
@@ -58,6 +59,7 @@ def _windows():
     sides = (4, 128)
     yield [3, 3], [1, 1], [1, 1, 1, 1], every_p, sides
     yield [4], [3], None, (2,), sides
+    yield [4], [4], None, (2,), sides
     yield [3, 3], [1, 1], [1, 1, 1, 1], (), (64,)
     yield [3, 3], [2, 2], [1, 1, 1, 1], (), (4, 64)
     for depth, height, width, step in fixed.FIXED_WINDOWS:

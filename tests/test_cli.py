@@ -133,7 +133,7 @@ def test_warmup_reaches_every_windowed_kernel():
               "entries += [EntryPoint(sums.sum_pool_units, (p, False)) for p in range(1, 5)]\n"
               "entries += [EntryPoint(planes.plane_mean_units, (step,)) for step in (1, 2)]\n"
               "entries += [EntryPoint(wide.wide_sum_units, (p, step)) for p in (0, 2)\n"
-              "            for step in (1, 2)]\n"
+              "            for step in wide.COLUMN_STEPS]\n"
               "entries += [EntryPoint(indexed.indexed_max_units, (step,)) for step in (1, 2)]\n"
               "for max_units, sum_units in fixed.FIXED_WINDOWS.values():\n"
               "    entries += [max_units, *sum_units]  # MaxPool's, each kind of p's\n"

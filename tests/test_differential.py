@@ -427,11 +427,11 @@ def test_plane_kernel(data):
 @SETTINGS
 @given(st.data())
 def test_wide_window_kernel(data):
-    """AveragePool's 2-D windows other than 3 taps wide and LpPool's with p = 2, at steps
-    of 1 and 2 along the rows, and those over one axis at a step of 2 (as 2-D windows of
-    height 1), take each input row's terms padded with zeros (wide.wide_sum_units): the
-    reference's values, and the bits of the generic kernel, zeros' signs included,
-    whatever the pads."""
+    """AveragePool's 2-D windows (at steps of 1 and 2 along the rows other than 3 taps
+    wide) and LpPool's with p = 2, at steps of 1, 2 and 4 along the rows, and those over
+    one axis at a step of 2, or of 4 at least 4 wide (as 2-D windows of height 1), take each
+    input row's terms padded with zeros (wide.wide_sum_units): the reference's values,
+    and the bits of the generic kernel, zeros' signs included, whatever the pads."""
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
     op = data.draw(st.sampled_from(["AveragePool", "LpPool"]))
     rank = data.draw(st.integers(1, 2))
@@ -439,12 +439,15 @@ def test_wide_window_kernel(data):
     shape = (data.draw(st.integers(1, 2)), 8,
              *(data.draw(st.integers(1, 9)) for _ in range(rank)))
     x = data.draw(order_sensitive_array(dtype, shape))
-    widths = [1, 2, 4, 5, 6] if op == "AveragePool" else [1, 2, 3, 4, 5, 6]
+    step = data.draw(st.sampled_from([2, 4] if rank == 1 else [1, 2, 4]))
+    widths = [1, 2, 3, 4, 5, 6]
+    if op == "AveragePool" and step < 4:
+        widths.remove(3)
+    if rank == 1:
+        widths = [width for width in widths if width >= step]
     kernel_shape = [data.draw(st.integers(1, 6)) for _ in range(rank - 1)]
     kernel_shape.append(data.draw(st.sampled_from(widths)))
-    steps = [2] if rank == 1 else [1, 2]
-    strides = [data.draw(st.integers(1, 3)) for _ in range(rank - 1)]
-    strides.append(data.draw(st.sampled_from(steps)))
+    strides = [data.draw(st.integers(1, 3)) for _ in range(rank - 1)] + [step]
     attrs = dict(kernel_shape=kernel_shape, strides=strides,
                  pads=[data.draw(st.integers(0, k - 1)) for k in kernel_shape * 2],
                  ceil_mode=data.draw(st.integers(0, 1)))
