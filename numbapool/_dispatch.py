@@ -356,8 +356,9 @@ def _specialized(plan: WindowPlan):
     elif plan.op == "MaxPool":
         # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
         check_ties = plan.dtype.kind not in "iu"
+        vector_fold = plan.dtype.itemsize <= 2  # 8- and 16-bit elements
         kind = columns.column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1])
-        special = (EntryPoint(columns.column_units, (*kind, check_ties)),
+        special = (EntryPoint(columns.column_units, (*kind, check_ties, vector_fold)),
                    (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]))
     plan.launches["special"] = special
     return special

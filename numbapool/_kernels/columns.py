@@ -11,8 +11,7 @@ row-major order: results are the same bit for bit.
 """
 
 import numpy as np
-from numba import njit, types
-from numba.extending import overload
+from numba import njit
 
 from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INPUT_STRIDE, AXIS_OUT,
                      AXIS_PAD_BEGIN, AXIS_STRIDE)
@@ -25,66 +24,44 @@ from .maxima import border_max, fold_max_function, max_run, start_maxima
 from .vectors import row_fold_first, row_fold_more
 
 
-def fold_first_rows(columns, base, source, at0, at1, at2, count):
-    """For k < count: columns[base + k] = the first maximum of source[at0 + k],
-    source[at1 + k] and source[at2 + k], in that order.
-
-    8- and 16-bit elements in vectors.row_fold_first, a vector at a time: numba's loop
-    left them to LLVM's vector body of 256 uint8 (or 64 float16) elements a pass and its
-    leftovers, element by element, which rows of 112 uint8 took entirely (MaxPool 3x3 s2:
-    uint8 0.76-0.88, int8 0.91-0.97, float16 0.83-0.92, bfloat16 0.93 of the time; 4x4 s2
-    float16 1.07-1.12x slower). float32 and float64 in numba's loop, whose leftovers go
-    8 at a time or few (through the intrinsic: float32 0.97 to 1.06, float64 0.98 to
-    1.05)."""
-
-
-def fold_more_rows(columns, base, source, at0, at1, at2, count):
-    """fold_first_rows with columns[base + k] itself first among the folded values."""
-
-
-def _row_fold_overload(with_columns):
-    vector_fold = row_fold_more if with_columns else row_fold_first
-
-    def overload_fold(columns, base, source, at0, at1, at2, count):
-        if columns.dtype.bitwidth <= 16:
-            return lambda columns, base, source, at0, at1, at2, count: vector_fold(
-                columns, base, source, at0, at1, at2, count)
-        if with_columns:
-            def impl(columns, base, source, at0, at1, at2, count):
-                for i in range(count):
-                    k = np.uint64(i)
-                    columns[base + k] = fold_max_function(fold_max_function(fold_max_function(
-                        columns[base + k], source[at0 + k]), source[at1 + k]), source[at2 + k])
-        else:
-            def impl(columns, base, source, at0, at1, at2, count):
-                for i in range(count):
-                    k = np.uint64(i)
-                    columns[base + k] = fold_max_function(
-                        fold_max_function(source[at0 + k], source[at1 + k]), source[at2 + k])
-        return impl
-
-    return overload_fold
-
-
-overload(fold_first_rows, inline="always")(_row_fold_overload(False))
-overload(fold_more_rows, inline="always")(_row_fold_overload(True))
-
-
 @njit(inline="always")
-def _fold_column_rows(columns, lo, hi, source, row_starts, rows):
+def _fold_column_rows(columns, lo, hi, source, row_starts, rows, vector_fold):
     """columns[lo:hi] = the element-wise maximum of ``rows`` input rows (at least one),
-    columns[lo] coming from source[row_starts[r]]. Three rows per pass over the columns
-    (fold_first_rows, fold_more_rows): the first pass takes 1 to 3 rows (a row taken twice changes nothing), so
-    that the rest go in threes."""
+    columns[lo] coming from source[row_starts[r]]. Three rows per pass over the columns:
+    the first pass takes 1 to 3 rows (a row taken twice changes nothing), so that the
+    rest go in threes.
+
+    With ``vector_fold`` (a constant: a literal kind, for 8- and 16-bit dtypes), a pass
+    is vectors.row_fold_first or row_fold_more: numba's loop left those dtypes to LLVM's
+    vector body of 256 uint8 (64 float16) elements a pass and its leftovers, element by
+    element, which rows of 112 uint8 took entirely (MaxPool 3x3 s2: uint8 0.76-0.88, int8
+    0.91-0.97, float16 0.83-0.92, bfloat16 0.89-0.97 of the time; 4x4 s2 float16
+    1.06-1.12x slower). float32 and float64 keep numba's loop, whose leftovers go 8 at a
+    time or few (through the intrinsics: the dilated case 1.04-1.14x slower)."""
     base = np.uint64(lo)
-    count = np.uint64(hi - lo)
     take = (rows - 1) % 3 + 1
-    fold_first_rows(columns, base, source, np.uint64(row_starts[0]),
-                    np.uint64(row_starts[min(1, take - 1)]), np.uint64(row_starts[take - 1]),
-                    count)
+    at0 = np.uint64(row_starts[0])
+    at1 = np.uint64(row_starts[min(1, take - 1)])
+    at2 = np.uint64(row_starts[take - 1])
+    if vector_fold:
+        count = np.uint64(hi - lo)
+        row_fold_first(columns, base, source, at0, at1, at2, count)
+        for r in range(take, rows, 3):
+            row_fold_more(columns, base, source, np.uint64(row_starts[r]),
+                          np.uint64(row_starts[r + 1]), np.uint64(row_starts[r + 2]), count)
+        return
+    for i in range(hi - lo):
+        k = np.uint64(i)
+        columns[base + k] = fold_max_function(
+            fold_max_function(source[at0 + k], source[at1 + k]), source[at2 + k])
     for r in range(take, rows, 3):
-        fold_more_rows(columns, base, source, np.uint64(row_starts[r]),
-                       np.uint64(row_starts[r + 1]), np.uint64(row_starts[r + 2]), count)
+        at0 = np.uint64(row_starts[r])
+        at1 = np.uint64(row_starts[r + 1])
+        at2 = np.uint64(row_starts[r + 2])
+        for i in range(hi - lo):
+            k = np.uint64(i)
+            columns[base + k] = fold_max_function(fold_max_function(fold_max_function(
+                columns[base + k], source[at0 + k]), source[at1 + k]), source[at2 + k])
 
 
 @kernel()  # not inlined: a branch of its own in the inlined fold slowed the 2-D loops 1.2-1.6x
@@ -114,7 +91,8 @@ def fold_outer_planes(plane, source, row_offset, starts, axes, taps, tap_offsets
             plane_starts[count] = outer + tap_offsets[tap]
             count += 1
     if count > 0:
-        _fold_column_rows(plane, 0, plane.size, source, plane_starts, count)
+        # whole planes: numba's loop, whose leftovers are few next to a plane
+        _fold_column_rows(plane, 0, plane.size, source, plane_starts, count, False)
     return count > 0
 
 
@@ -175,7 +153,7 @@ def column_kind(width, step, dilation):
 # loops of its own with them constant.
 @kernel()
 def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block,
-                 window_width, window_step, check_ties):
+                 window_width, window_step, check_ties, vector_fold):
     """MaxPool without Indices, input rows first: the window's input rows are folded
     element by element into one row of column maxima (contiguous loads, which vectorize),
     then the last-axis taps are taken once per output row from that row.
@@ -185,7 +163,8 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     or a NaN (which NaN comes first depends on the order): with ``check_ties`` (float
     dtypes) those outputs are taken again in row-major order, so every result is the one
     docs/semantics.md states. Positions in the padding hold ``lowest``, which never wins
-    against an input element of another value.
+    against an input element of another value. ``vector_fold`` (8- and 16-bit dtypes)
+    folds the rows in explicit vectors (_fold_column_rows).
     """
     last = axes.shape[1] - 1
     step = np.uint64(axes[AXIS_STRIDE, last])
@@ -249,7 +228,7 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
             copy_row(columns, lo, hi, source, row_starts[0])
         else:
             _fold_column_rows(columns, lo, hi, plane if planes else source, row_starts,
-                              inside_rows)
+                              inside_rows, vector_fold)
             if prefetching and not planes:  # the rows the next units read (prefetch.py)
                 prefetch_ahead(source, np.uint64(row_starts[inside_rows - 1]),
                                np.uint64(hi - lo))

@@ -222,13 +222,12 @@ def vector_key_max(typingctx, bits, start, count, magnitude_mask, sign_shift):
     return signature, codegen
 
 
-# A MaxPool row fold's elements: numba's type -> (LLVM's element, lanes in a vector, the
+# A MaxPool row fold's elements (8 and 16 bits: columns.py keeps numba's loop for
+# float32 and float64): numba's type -> (LLVM's element, lanes in a vector, the
 # intrinsics' suffix, how the fold compares them). 16-bit floats 16 to a vector, their
 # values one 512-bit vector of float32 (32 to a vector: MaxPool 3x3 s2 float16 1.1x slower)
 _I8, _I16 = ir.IntType(8), ir.IntType(16)
-_FOLDED = {types.float32: (_F32, 16, "v16f32", "float"),
-           types.float64: (_F64, 8, "v8f64", "float"),
-           types.uint16: (_I16, 16, "v16i16", "float16"),
+_FOLDED = {types.uint16: (_I16, 16, "v16i16", "float16"),
            types.int16: (_I16, 16, "v16i16", "bfloat16"),
            types.int8: (_I8, 64, "v64i8", "signed"),
            types.uint8: (_I8, 64, "v64i8", "unsigned")}
@@ -264,11 +263,6 @@ def _row_fold(with_columns):
             source_data = context.make_array(sig.args[2])(context, builder, args[2]).data
             base, at0, at1, at2, count = args[1], args[3], args[4], args[5], args[6]
             pointer = vector.as_pointer()
-            mask_type = ir.VectorType(_I1, lanes)
-            masked_load = _declare(builder, f"llvm.masked.load.{suffix}.p0", vector,
-                                   [pointer, _I32, mask_type, vector])
-            masked_store = _declare(builder, f"llvm.masked.store.{suffix}.p0", ir.VoidType(),
-                                    [vector, pointer, _I32, mask_type])
 
             def at(data, start, i):
                 return builder.bitcast(builder.gep(data, [builder.add(start, i)]), pointer)
@@ -324,6 +318,11 @@ def _row_fold(with_columns):
                     with overlapping:  # the last whole vector again, ending at count
                         vectors(builder.sub(count, ir.Constant(_I64, lanes)), zero, 1)
                     with masked:
+                        mask_type = ir.VectorType(_I1, lanes)
+                        masked_load = _declare(builder, f"llvm.masked.load.{suffix}.p0", vector,
+                                               [pointer, _I32, mask_type, vector])
+                        masked_store = _declare(builder, f"llvm.masked.store.{suffix}.p0",
+                                                ir.VoidType(), [vector, pointer, _I32, mask_type])
                         inside = _left_lanes(builder, count, whole, 0, lanes)
                         alignment = ir.Constant(_I32, 1)
                         result = folded(lambda p: builder.call(
