@@ -278,7 +278,8 @@ def _row_fold(with_columns):
                 return loaded
 
             def fold(kept, new):  # maxima.keeps: kept >= new, or kept a NaN
-                a, b = value(kept), value(new)
+                # (raw elements, their values): the kept value is not decoded again
+                (kept_raw, a), (new_raw, b) = kept, new
                 if compare == "signed":
                     keep = builder.icmp_signed(">=", a, b)
                 elif compare == "unsigned":
@@ -286,16 +287,16 @@ def _row_fold(with_columns):
                 else:
                     keep = builder.or_(builder.fcmp_ordered(">=", a, b),
                                        builder.fcmp_unordered("uno", a, a))
-                return builder.select(keep, kept, new)
+                return builder.select(keep, kept_raw, new_raw), builder.select(keep, a, b)
 
             def folded(load, i):
                 rows = [load(at(source_data, start, i)) for start in (at0, at1, at2)]
                 if with_columns:
                     rows.insert(0, load(at(columns_data, base, i)))
-                result = rows[0]
+                result = (rows[0], value(rows[0]))
                 for row in rows[1:]:
-                    result = fold(result, row)
-                return result
+                    result = fold(result, (row, value(row)))
+                return result[0]
 
             def vectors(i, offset, n):
                 for k in range(n):
