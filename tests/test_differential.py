@@ -448,8 +448,9 @@ def test_wide_window_kernel(data):
     kernel_shape = [data.draw(st.integers(1, 6)) for _ in range(rank - 1)]
     kernel_shape.append(data.draw(st.sampled_from(widths)))
     strides = [data.draw(st.integers(1, 3)) for _ in range(rank - 1)] + [step]
+    # pads up to the window's extent and past it: rows of windows with no row inside
     attrs = dict(kernel_shape=kernel_shape, strides=strides,
-                 pads=[data.draw(st.integers(0, k - 1)) for k in kernel_shape * 2],
+                 pads=[data.draw(st.integers(0, k + 1)) for k in kernel_shape * 2],
                  ceil_mode=data.draw(st.integers(0, 1)))
     if op == "AveragePool":
         attrs["count_include_pad"] = data.draw(st.integers(0, 1))

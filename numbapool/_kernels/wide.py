@@ -12,8 +12,9 @@ input, computing each element's term again for every tap that reads it, and a wi
 rows one pass at a time too. Here each input row's terms are first computed once into a
 scratch row with zeros where the pads are, so that every output takes every tap from
 there, up to four taps to a pass; the row sums of the last input rows stay in a ring of
-slots, and each output row adds its window's rows three to a pass, then divides (or takes
-the root).
+slots, and each output row adds its window's rows three to a pass, the last pass dividing
+(or taking the root) straight into the output. No pass stores zeros first: a sum's first
+pass starts from zero itself.
 
 Each sum is the generic kernel's, in its order (the taps of a row added to +0 left to
 right, then the rows added to +0 in order: docs/semantics.md), so the results are the
@@ -47,46 +48,67 @@ def _padded_row(source, row_start, padded, left, count, zero, p, p_kind):
 
 
 @njit(inline="always")
-def _add_taps(padded, tap, taps, sums, at, out_width, step):
+def _start(zero, first, before):
+    """A sum's start: ``zero`` at its ``first`` pass, else ``before``, the sum so far,
+    which the caller loads either way: a select in the loop, where a branch around the load
+    LLVM would unswitch, compiling the loop twice."""
+    return zero if first else before
+
+
+@njit(inline="always")
+def _add_taps(padded, tap, taps, sums, at, out_width, step, zero, first):
     """sums[at + o] += the ``taps`` (1 to 4) elements from padded[o * step + tap], in
-    order, for o < out_width."""
+    order, for o < out_width; at the ``first`` pass, the sums start from ``zero``."""
     one = np.uint64(1)
     if taps == 4:
         for o in range(np.uint64(out_width)):
             i = o * step + tap
-            sums[at + o] = ((((sums[at + o] + padded[i]) + padded[i + one])
-                             + padded[i + one + one]) + padded[i + one + one + one])
+            sums[at + o] = (((_start(zero, first, sums[at + o]) + padded[i]) + padded[i + one])
+                            + padded[i + one + one]) + padded[i + one + one + one]
     elif taps == 3:
         for o in range(np.uint64(out_width)):
             i = o * step + tap
-            sums[at + o] = ((sums[at + o] + padded[i]) + padded[i + one]) + padded[i + one + one]
+            sums[at + o] = (((_start(zero, first, sums[at + o]) + padded[i]) + padded[i + one])
+                            + padded[i + one + one])
     elif taps == 2:
         for o in range(np.uint64(out_width)):
             i = o * step + tap
-            sums[at + o] = (sums[at + o] + padded[i]) + padded[i + one]
+            sums[at + o] = (_start(zero, first, sums[at + o]) + padded[i]) + padded[i + one]
     else:
         for o in range(np.uint64(out_width)):
-            sums[at + o] += padded[o * step + tap]
+            sums[at + o] = _start(zero, first, sums[at + o]) + padded[o * step + tap]
 
 
 @njit(inline="always")
-def _add_rows(sums, first, rows, slots, totals, out_width):
-    """totals[o] += the row sums of ``rows`` (1 to 3) input rows from ``first``, in order,
-    each from its slot of the ring, for o < out_width."""
+def _finish(total, o, p, p_kind, row_divisors, y):
+    """An output from its window's total: the mean (p_kind 0) or the root, rounded once."""
+    if p_kind == 0:
+        return encode(total / row_divisors[o], y)
+    return encode(lp_root(total, p, p_kind), y)
+
+
+@njit(inline="always")
+def _add_rows(sums, first, rows, slots, totals, out_width, zero, start, last, out, out_at, p,
+              p_kind, row_divisors, y):
+    """totals[o] += the row sums of ``rows`` (0 to 3) input rows from ``first``, in order,
+    each from its slot of the ring, for o < out_width; at the ``start``, the totals start
+    from ``zero``; at the ``last`` rows, they go to out[out_at + o] (_finish), not to
+    ``totals``. Every slot is loaded, ``rows`` choosing the terms by selects: one loop, not
+    one per count of rows."""
     width = np.uint64(out_width)
     a = ring_slot(first, slots, out_width)
-    if rows == 3:
-        b = ring_slot(first + 1, slots, out_width)
-        c = ring_slot(first + 2, slots, out_width)
-        for o in range(width):
-            totals[o] = ((totals[o] + sums[a + o]) + sums[b + o]) + sums[c + o]
-    elif rows == 2:
-        b = ring_slot(first + 1, slots, out_width)
-        for o in range(width):
-            totals[o] = (totals[o] + sums[a + o]) + sums[b + o]
-    else:
-        for o in range(width):
-            totals[o] += sums[a + o]
+    b = ring_slot(first + 1, slots, out_width)
+    c = ring_slot(first + 2, slots, out_width)
+    for o in range(width):
+        total = _start(zero, start, totals[o])
+        first_row, second, third = sums[a + o], sums[b + o], sums[c + o]
+        total = total + first_row if rows >= 1 else total
+        total = total + second if rows >= 2 else total
+        total = total + third if rows == 3 else total
+        if last:
+            out[out_at + o] = _finish(total, o, p, p_kind, row_divisors, y)
+        else:
+            totals[o] = total
 
 
 @kernel(error_model="numpy")  # the divisors are at least 1: no check for zero in the loop
@@ -125,25 +147,19 @@ def wide_sum_units(unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, bl
             _padded_row(source, np.uint64((plane * height + next_row) * width), padded, left,
                         copied, zero, p, p_kind)
             at = ring_slot(next_row, slots, out_width)
-            for o in range(np.uint64(out_width)):
-                sums[at + o] = zero
             for tap_pass in range(passes):
                 tap = tap_pass * window_width // passes
                 _add_taps(padded, np.uint64(tap), (tap_pass + 1) * window_width // passes - tap,
-                          sums, at, out_width, step)
+                          sums, at, out_width, step, zero, tap_pass == 0)
             next_row += 1
-        for o in range(out_width):
-            totals[o] = zero
-        for first in range(inside_top, inside_end, 3):
-            _add_rows(sums, first, min(3, inside_end - first), slots, totals, out_width)
         out_at = np.uint64(unit * out_width)
         if p_kind == 0:
             leading = divisor_counts[0, row]
             if leading != divisors_leading:
                 divisor_row(row_divisors, leading, divisor_counts, zero)
                 divisors_leading = leading
-            for o in range(np.uint64(out_width)):
-                out[out_at + o] = encode(totals[o] / row_divisors[o], y)
-        else:
-            for o in range(np.uint64(out_width)):
-                out[out_at + o] = encode(lp_root(totals[o], p, p_kind), y)
+        # a window with no row inside takes one group of no rows
+        for first in range(inside_top, max(inside_end, inside_top + 1), 3):
+            _add_rows(sums, first, min(3, inside_end - first), slots, totals, out_width, zero,
+                      first == inside_top, first + 3 >= inside_end, out, out_at, p, p_kind,
+                      row_divisors, y)
