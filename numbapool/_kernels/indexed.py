@@ -22,7 +22,7 @@ from . import kernel
 from .codec import decode
 from .maxima import keeps
 from .scratch import empty
-from .units import plane_axes, ring_slot, ring_slots, window_rows
+from .units import first_pass_or, plane_axes, ring_slot, ring_slots, window_rows
 
 
 @njit(inline="always")
@@ -54,14 +54,15 @@ def _split_at(column, output, half, column_step):
 
 
 @njit(inline="always")
-def _fold_tap(split, start, maxima, columns, at, count, column, step):
+def _fold_tap(split, start, maxima, columns, at, count, column, step, first):
     """Fold one tap into ``count`` consecutive outputs of a row's maxima, from maxima[at]:
     the j-th reads split[start + j], input column ``column`` + j * ``step`` (int32s, so
-    that the columns' vectors are as wide as the values')."""
+    that the columns' vectors are as wide as the values'). The ``first`` tap takes its
+    elements as they are."""
     for j in range(np.uint64(count)):
         value = split[start + j]
         kept = maxima[at + j]
-        take = (columns[at + j] < 0) | (not keeps(decode(kept), decode(value)))
+        take = first | (columns[at + j] < 0) | (not keeps(decode(kept), decode(value)))
         maxima[at + j] = value if take else kept
         columns[at + j] = column + np.int32(j) * step if take else columns[at + j]
 
@@ -98,32 +99,47 @@ def indexed_max_units(unit_begin, unit_end, x, y, indices, lowest, axes, tap_out
             _split_row(source, np.uint64((plane * height + next_row) * width), split, width,
                        column_step)
             slot_at = ring_slot(next_row, slots, out_width)
-            for o in range(np.uint64(out_width)):
-                columns[slot_at + o] = -1
+            # no tap inside yet (-1) where the first tap is not inside
+            first_run, end_run = tap_outputs[0, 0], tap_outputs[0, 1]
+            for o in range(first_run):
+                columns[slot_at + np.uint64(o)] = -1
+            for o in range(max(first_run, end_run), out_width):
+                columns[slot_at + np.uint64(o)] = -1
             for tap in range(window_width):
                 first, end = tap_outputs[tap, 0], tap_outputs[tap, 1]
                 if first < end:
                     _fold_tap(split, np.uint64(_split_at(tap - left, first, half, column_step)),
                               maxima, columns, slot_at + np.uint64(first), end - first,
-                              np.int32(tap - left + first * column_step), np.int32(column_step))
+                              np.int32(tap - left + first * column_step), np.int32(column_step),
+                              tap == 0)
             next_row += 1
-        for o in range(out_width):
-            best[o] = lowest
-            best_columns[o] = -1
-        for input_row in range(inside_top, inside_end):
+        out_at = np.uint64(unit * out_width)
+        plane_index = plane * height * width
+        # the window's rows in order, from (lowest, -1) at the first; the last one's
+        # winners go to the output. A window with no row inside takes one pass of no row.
+        for input_row in range(inside_top, max(inside_end, inside_top + 1)):
+            first = input_row == inside_top
+            inside = input_row < inside_end
+            last = input_row + 1 >= inside_end
             slot_at = ring_slot(input_row, slots, out_width)
             for o in range(np.uint64(out_width)):
                 value = maxima[slot_at + o]
                 column = columns[slot_at + o]
-                take = (column >= 0) & ((best_columns[o] < 0)
-                                        | (not keeps(decode(best[o]), decode(value))))
-                best[o] = value if take else best[o]
-                best_columns[o] = column if take else best_columns[o]
-                best_rows[o] = np.int32(input_row) if take else best_rows[o]
-        out_at = np.uint64(unit * out_width)
-        plane_index = plane * height * width
-        for o in range(np.uint64(out_width)):
-            out[out_at + o] = best[o]
-            out_indices[out_at + o] = (-1 if best_columns[o] < 0 else
-                                       plane_index + np.int64(best_rows[o]) * row_index_stride
-                                       + np.int64(best_columns[o]) * column_index_stride)
+                kept = first_pass_or(first, lowest, best[o])
+                kept_column = first_pass_or(first, np.int32(-1), best_columns[o])
+                kept_row = best_rows[o]
+                take = inside & (column >= 0) & ((kept_column < 0)
+                                                 | (not keeps(decode(kept), decode(value))))
+                kept = value if take else kept
+                kept_column = column if take else kept_column
+                kept_row = np.int32(input_row) if take else kept_row
+                if last:
+                    out[out_at + o] = kept
+                    out_indices[out_at + o] = (
+                        -1 if kept_column < 0 else
+                        plane_index + np.int64(kept_row) * row_index_stride
+                        + np.int64(kept_column) * column_index_stride)
+                else:
+                    best[o] = kept
+                    best_columns[o] = kept_column
+                    best_rows[o] = kept_row

@@ -134,6 +134,14 @@ def plane_axes(axes):
 
 
 @njit(inline="always")
+def first_pass_or(first, start, before):
+    """What a row kernel's pass starts from: ``start`` at the ``first`` pass, else
+    ``before``, the result so far, which the caller loads either way: a select in the
+    loop, where a branch around the load LLVM would unswitch, compiling the loop twice."""
+    return start if first else before
+
+
+@njit(inline="always")
 def ring_slots(window_height):
     """How many input rows the row kernels (wide, indexed) keep the results of: a power of
     two, at least the window's height, so that a row's slot is its number masked."""

@@ -28,7 +28,7 @@ from .._plan import AXIS_EXTENT
 from . import kernel
 from .codec import accumulator_array, as_accumulator, decode, encode
 from .sums import divisor_row, lp_root, lp_term
-from .units import plane_axes, ring_slot, ring_slots, window_rows
+from .units import first_pass_or, plane_axes, ring_slot, ring_slots, window_rows
 
 # The strides along the rows compiled as kinds of their own, each with its loads constant:
 # at 4, LLVM loads four taps' elements as whole vectors and shuffles them apart, where the
@@ -48,14 +48,6 @@ def _padded_row(source, row_start, padded, left, count, zero, p, p_kind):
 
 
 @njit(inline="always")
-def _start(zero, first, before):
-    """A sum's start: ``zero`` at its ``first`` pass, else ``before``, the sum so far,
-    which the caller loads either way: a select in the loop, where a branch around the load
-    LLVM would unswitch, compiling the loop twice."""
-    return zero if first else before
-
-
-@njit(inline="always")
 def _add_taps(padded, tap, taps, sums, at, out_width, step, zero, first):
     """sums[at + o] += the ``taps`` (1 to 4) elements from padded[o * step + tap], in
     order, for o < out_width; at the ``first`` pass, the sums start from ``zero``."""
@@ -63,20 +55,21 @@ def _add_taps(padded, tap, taps, sums, at, out_width, step, zero, first):
     if taps == 4:
         for o in range(np.uint64(out_width)):
             i = o * step + tap
-            sums[at + o] = (((_start(zero, first, sums[at + o]) + padded[i]) + padded[i + one])
-                            + padded[i + one + one]) + padded[i + one + one + one]
+            sum_ = first_pass_or(first, zero, sums[at + o])
+            sums[at + o] = (((sum_ + padded[i]) + padded[i + one]) + padded[i + one + one]
+                            + padded[i + one + one + one])
     elif taps == 3:
         for o in range(np.uint64(out_width)):
             i = o * step + tap
-            sums[at + o] = (((_start(zero, first, sums[at + o]) + padded[i]) + padded[i + one])
-                            + padded[i + one + one])
+            sum_ = first_pass_or(first, zero, sums[at + o])
+            sums[at + o] = ((sum_ + padded[i]) + padded[i + one]) + padded[i + one + one]
     elif taps == 2:
         for o in range(np.uint64(out_width)):
             i = o * step + tap
-            sums[at + o] = (_start(zero, first, sums[at + o]) + padded[i]) + padded[i + one]
+            sums[at + o] = (first_pass_or(first, zero, sums[at + o]) + padded[i]) + padded[i + one]
     else:
         for o in range(np.uint64(out_width)):
-            sums[at + o] = _start(zero, first, sums[at + o]) + padded[o * step + tap]
+            sums[at + o] = first_pass_or(first, zero, sums[at + o]) + padded[o * step + tap]
 
 
 @njit(inline="always")
@@ -100,7 +93,7 @@ def _add_rows(sums, first, rows, slots, totals, out_width, zero, start, last, ou
     b = ring_slot(first + 1, slots, out_width)
     c = ring_slot(first + 2, slots, out_width)
     for o in range(width):
-        total = _start(zero, start, totals[o])
+        total = first_pass_or(start, zero, totals[o])
         first_row, second, third = sums[a + o], sums[b + o], sums[c + o]
         total = total + first_row if rows >= 1 else total
         total = total + second if rows >= 2 else total
