@@ -23,13 +23,14 @@ from . import kernel
 from .entry import EntryPoint
 from .maxima import fold_max
 from .sums import lp_root, lp_term
-from .vectors import STORAGE, vector_key_max, vector_sums_long, vector_sums_short
+from .vectors import (STORAGE, WIDTH, transposed_sums, vector_key_max, vector_lane_sums,
+                      vector_sums)
 
 # Runs of channels the parallel driver deals out, at most: the loops live in plain
 # functions, which numba optimizes better than code inside the parallel region.
 CHUNKS = 64
 # Channels summed side by side; channels whose results are proven together.
-GROUP = 16
+GROUP = 16  # a multiple of vectors.WIDTH: group_sums stores WIDTH totals at a time
 # Channels up to this many elements are short: their loops ask for memory ahead
 SHORT_CHANNEL = 2048
 # Channels under this many elements are summed by numba's loop, faster than vectors there
@@ -137,10 +138,10 @@ def reordered_sums(flat, base, size):
 
 def channel_sums(flat, base, size):
     """(the sum of a channel's elements in float64, added in an order of its own; at least
-    the sum of their magnitudes). Channels of TINY_CHANNEL elements and more in explicit
-    vectors (vectors.py), with twice the float32 sum of the magnitudes as the bound; the
-    others, and float64 ones (typed, never run: their results need the in-order sum), in
-    reordered_sums."""
+    the sum of their magnitudes). Long channels (LONG_VECTOR_CHANNEL elements and more) in
+    explicit vectors (vectors.py), with twice the float32 sum of the magnitudes as the
+    bound; the others, and float64 ones (typed, never run: their results need the in-order
+    sum), in reordered_sums. Short channels go through group_sums first."""
 
 
 @overload(channel_sums, inline="always")
@@ -149,20 +150,49 @@ def _channel_sums_overload(flat, base, size):
         return lambda flat, base, size: reordered_sums(flat, base, size)
 
     def impl(flat, base, size):
-        if size < TINY_CHANNEL:
-            return reordered_sums(flat, base, size)
         if size < LONG_VECTOR_CHANNEL:
-            total, magnitudes = vector_sums_short(flat, base, size)
-            return total, 2.0 * magnitudes
+            return reordered_sums(flat, base, size)
         total = bound = 0.0
         start = np.uint64(0)
         while start < size:
             run = min(np.uint64(MAGNITUDE_RUN), size - start)
-            run_total, magnitudes = vector_sums_long(flat, base + start, run)
+            run_total, magnitudes = vector_sums(flat, base + start, run)
             total += run_total
             bound += 2.0 * magnitudes
             start += run
         return total, bound
+
+    return impl
+
+
+def group_sums(flat, first, channels, size, totals, bounds, lanes):
+    """Sum the ``channels`` channels from ``first`` into totals[k] and bounds[k] (as
+    channel_sums) where it is faster WIDTH channels at a time: float32 and 16-bit channels
+    from TINY_CHANNEL elements up to LONG_VECTOR_CHANNEL, each in one vector
+    (vectors.vector_lane_sums), their horizontal sums WIDTH at a time
+    (vectors.transposed_sums). ``lanes`` is the (float64, float32) scratch of WIDTH vectors
+    each. Returns how many it summed: 0 or ``channels``."""
+
+
+@overload(group_sums, inline="always")
+def _group_sums_overload(flat, first, channels, size, totals, bounds, lanes):
+    if flat.dtype not in STORAGE:
+        return lambda flat, first, channels, size, totals, bounds, lanes: 0
+
+    def impl(flat, first, channels, size, totals, bounds, lanes):
+        if size < TINY_CHANNEL or size >= LONG_VECTOR_CHANNEL:
+            return 0
+        lane_totals, lane_magnitudes = lanes
+        for k in range(channels):
+            slot = k % WIDTH
+            vector_lane_sums(flat, np.uint64(first + k) * size, size, lane_totals,
+                             lane_magnitudes, np.uint64(slot))
+            # a last group of fewer channels adds up lanes left by the group before too:
+            # their sums land past the channels, unread
+            if slot == WIDTH - 1 or k == channels - 1:
+                transposed_sums(lane_totals, lane_magnitudes, totals, bounds,
+                                np.uint64(k - slot))
+        return channels
 
     return impl
 
@@ -239,9 +269,12 @@ def reordered_units(begin, end, x, y, p, p_kind):
     inverse = 1.0 / count
     totals = empty(GROUP, np.float64)
     bounds = empty(GROUP, np.float64)
+    lanes = (empty(WIDTH * WIDTH, np.float64), empty(WIDTH * WIDTH, np.float32))
     for first in range(begin, end, GROUP):
         channels = min(GROUP, end - first)
-        for k in range(channels):
+        summed = (group_sums(flat, first, channels, size, totals, bounds, lanes)
+                  if p_kind == 0 else 0)
+        for k in range(summed, channels):
             base = np.uint64(first + k) * size
             if p_kind == 0:
                 totals[k], bounds[k] = channel_sums(flat, base, size)
