@@ -26,8 +26,8 @@ except ImportError:  # Windows: saves go unlocked, as numba's own do
     fcntl = None
 
 KERNEL_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kernels")
-_KERNEL_MODULES = ("maxima", "indexed", "sums", "fixed", "columns", "planes", "wide", "global_",
-                   "unpool", "parallel")
+_KERNEL_MODULES = ("maxima", "indexed", "sums", "fixed", "columns", "planes", "max_planes",
+                   "wide", "global_", "unpool", "parallel")
 
 
 def _writable(path: str) -> str | None:

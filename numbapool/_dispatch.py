@@ -12,8 +12,8 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _threads
-from ._kernels import (columns, fixed, global_, indexed, maxima, parallel, planes, sums, unpool,
-                       wide)
+from ._kernels import (columns, fixed, global_, indexed, max_planes, maxima, parallel, planes,
+                       sums, unpool, wide)
 from ._kernels.entry import EntryPoint
 from ._plan import (BFLOAT16, UnpoolPlan, WindowPlan, global_plan, window_extents,
                     window_plan)
@@ -50,7 +50,9 @@ _PLANE_MEANS = {step: EntryPoint(planes.plane_mean_units, (step,)) for step in (
 _WIDE_SUMS = {(p_kind, step): EntryPoint(wide.wide_sum_units, (p_kind, step))
               for p_kind in (0, 2) for step in wide.COLUMN_STEPS}
 # the kernels whose units must be whole output rows
-_ROW_KERNELS = (*_PLANE_MEANS.values(), *_WIDE_SUMS.values())
+# MaxPool's stride-1 2-D windows over small planes, with and without the retake of ties
+_MAX_PLANES = {check: EntryPoint(max_planes.max_plane_units, (check,)) for check in (False, True)}
+_ROW_KERNELS = (*_PLANE_MEANS.values(), *_WIDE_SUMS.values(), *_MAX_PLANES.values())
 
 # Global pooling calls seen, keyed by (op, shape, dtype, p): see _global_call
 _GLOBAL_CALLS: dict = {}
@@ -126,7 +128,10 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
                      g["tap_outputs"], g["lead_rows"], g["divisor_counts"], block, slots,
                      *entry.kinds)
     special = _specialized(plan)
-    if special is not None and (special[0] not in _ROW_KERNELS or whole_rows):
+    if special is not None and special[0] in _ROW_KERNELS and not whole_rows:
+        # the row kernels take whole output rows: parts of rows go the general way
+        special = _columns_special(plan) if plan.op == "MaxPool" else None
+    if special is not None:
         entry, arguments = special[0], (*special[1], block, *special[0].kinds)
     launch = plan.launches[threads] = Launch(units, chunks, entry, arguments, indices_arguments,
                                              {})
@@ -199,6 +204,15 @@ def _plane_window(plan: WindowPlan) -> bool:
     return (plan.kernel_shape == (3, 3) and max(plan.strides) <= 2 and plan.dilations == (1, 1)
             and max(plan.pads_begin + plan.pads_end) <= 1 and min(plan.spatial_in) >= 2
             and math.prod(plan.spatial_in) <= planes.PLANE_ELEMENTS)
+
+
+def _max_plane_window(plan: WindowPlan) -> bool:
+    """Whether max_planes.max_plane_units serves a MaxPool without Indices: 2-D, strides of
+    1, a padded plane within max_planes.plane_limit."""
+    padded = [size + begin + end for size, begin, end
+              in zip(plan.spatial_in, plan.pads_begin, plan.pads_end)]
+    return (len(plan.kernel_shape) == 2 and plan.strides == (1, 1)
+            and math.prod(padded) <= max_planes.plane_limit(plan.kernel_shape, plan.dilations))
 
 
 def _row_window(plan: WindowPlan, steps) -> bool:
@@ -353,15 +367,24 @@ def _specialized(plan: WindowPlan):
         rows = _rows_geometry(plan)
         special = (_WIDE_SUMS[_p_kind(plan.op, plan.p), plan.strides[-1]],
                    (zero, zero.dtype.type(plan.p), rows["axes"], rows["divisor_counts"]))
+    elif plan.op == "MaxPool" and _max_plane_window(plan):
+        special = (_MAX_PLANES[plan.dtype.kind not in "iu"],
+                   (lowest_value(plan.dtype), g["axes"]))
     elif plan.op == "MaxPool":
-        # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
-        check_ties = plan.dtype.kind not in "iu"
-        vector_fold = plan.dtype.itemsize <= 2  # 8- and 16-bit elements
-        kind = columns.column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1])
-        special = (EntryPoint(columns.column_units, (*kind, check_ties, vector_fold)),
-                   (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]))
+        special = _columns_special(plan)
     plan.launches["special"] = special
     return special
+
+
+def _columns_special(plan: WindowPlan) -> tuple:
+    """_specialized's answer for a MaxPool that columns.column_units serves, for its kind."""
+    g = plan.geometry
+    # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
+    check_ties = plan.dtype.kind not in "iu"
+    vector_fold = plan.dtype.itemsize <= 2  # 8- and 16-bit elements
+    kind = columns.column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1])
+    return (EntryPoint(columns.column_units, (*kind, check_ties, vector_fold)),
+            (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]))
 
 
 def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:

@@ -44,7 +44,9 @@ def _windows():
     axis at a step of 3 for AveragePool's windows of another width, LpPool's p = 2 and
     MaxPool with Indices, which the row kernels take over two axes and, at steps of 1 and
     2, over one), AveragePool's 3x3 windows over small planes
-    at strides 1 and 2 (planes.py: a plane of 64x64 is past the parallel threshold), each
+    at strides 1 and 2 (planes.py: a plane of 64x64 is past the parallel threshold),
+    MaxPool's stride-1 windows over small planes (max_planes.py: the padded 3x3 window over
+    4x4 planes, a padded 5x5 one over 32x32 past the parallel threshold), each
     of fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels (columns.column_units),
     one per kind of last-axis window (3-high windows: a 2x2 one would take a fixed window's
     kernel), which are also the wide windows (wide.py) at steps 1 and 2, and a window over
@@ -62,6 +64,7 @@ def _windows():
     yield [4], [4], None, (2,), sides
     yield [3, 3], [1, 1], [1, 1, 1, 1], (), (64,)
     yield [3, 3], [2, 2], [1, 1, 1, 1], (), (4, 64)
+    yield [5, 5], [1, 1], [2, 2, 2, 2], (), (4, 32)
     for depth, height, width, step in fixed.FIXED_WINDOWS:
         kernel = [height, width] if depth == 1 else [depth, height, width]
         yield kernel, [1] * (len(kernel) - 1) + [step], None, every_p, sides

@@ -116,8 +116,8 @@ def test_warmup_reaches_every_windowed_kernel():
     # in a fresh process: whatever warmup leaves uncompiled shows as a kernel without a
     # compiled signature
     script = ("import numbapool\n"
-              "from numbapool._kernels import (columns, fixed, indexed, maxima, planes, sums,\n"
-              "                                wide)\n"
+              "from numbapool._kernels import (columns, fixed, indexed, max_planes, maxima,\n"
+              "                                planes, sums, wide)\n"
               "numbapool.warmup(['MaxPool', 'AveragePool', 'LpPool'], ['float32'],\n"
               "                 progress=False)\n"
               "from numbapool._kernels import parallel\n"
@@ -135,6 +135,7 @@ def test_warmup_reaches_every_windowed_kernel():
               "entries += [EntryPoint(wide.wide_sum_units, (p, step)) for p in (0, 2)\n"
               "            for step in wide.COLUMN_STEPS]\n"
               "entries += [EntryPoint(indexed.indexed_max_units, (step,)) for step in (1, 2)]\n"
+              "entries += [EntryPoint(max_planes.max_plane_units, (True,))]\n"
               "for max_units, sum_units in fixed.FIXED_WINDOWS.values():\n"
               "    entries += [max_units, *sum_units]  # MaxPool's, each kind of p's\n"
               "for entry in entries:\n"
@@ -143,7 +144,8 @@ def test_warmup_reaches_every_windowed_kernel():
               "    if entry.kinds not in kinds:\n"
               "        missing.append((entry.kernel.py_func.__name__, entry.kinds))\n"
               "# AveragePool's 3x3 over small planes and its wide windows, MaxPool with\n"
-              "# Indices over 2-D windows, at a parallel size: their drivers too\n"
+              "# Indices over 2-D windows and without over small planes, at a parallel size:\n"
+              "# their drivers too\n"
               "import numpy as np\n"
               "from numba.core import event\n"
               "with event.install_recorder('numba:compile') as compiles:\n"
@@ -152,6 +154,7 @@ def test_warmup_reaches_every_windowed_kernel():
               "        numbapool.average_pool(x, [3, 3], strides=[step, step], pads=[1, 1, 1, 1])\n"
               "        numbapool.average_pool(x, [5, 5], strides=[step, step])\n"
               "        numbapool.max_pool(x, [3, 3], strides=[step, step], return_indices=True)\n"
+              "    numbapool.max_pool(np.ones((1, 4, 32, 32), np.float32), [5, 5], pads=[2] * 4)\n"
               "    parallel.wait_for_drivers()\n"
               "missing += [e.data['dispatcher'].py_func.__name__ for _, e in compiles.buffer]\n"
               "print(missing)\n")

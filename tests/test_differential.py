@@ -6,6 +6,7 @@ Every operator, every attribute, ranks 1 to 4, every dtype, ties, NaN and empty 
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import ml_dtypes
 import numpy as np
@@ -382,21 +383,30 @@ def test_fixed_window_kernels(data):
         np.testing.assert_array_equal(got.view(np.uint8), expected[0].view(np.uint8))
 
 
+def _on_two_threads(plan, call):
+    """(``call()`` on two threads, the Launch it made of ``plan``)."""
+    from numbapool import _dispatch, _threads
+
+    with numbapool.threads(2):
+        result = call()
+        threads = 1 if _dispatch._runs_serially(plan) else _threads.get_num_threads()
+        return result, _dispatch._launch(plan, threads)
+
+
 def _check_row_kernel(op, x, attrs, entries, chooser):
     """AveragePool or LpPool on two threads through the kernels of ``_dispatch.<entries>``
     (a kernel whose units are whole output rows): the reference's values, and the bits of
     the generic kernel, run with ``_dispatch.<chooser>`` turning it away."""
-    from numbapool import _dispatch, _threads
+    from numbapool import _dispatch
 
     function = {"AveragePool": numbapool.average_pool, "LpPool": numbapool.lp_pool}[op]
     expected = _expected_or_same_error(op, function, x, attrs)
     if expected is None:
         return
     plan = numbapool.plan(op, x.shape, x.dtype, **attrs)
+    got, launch = _on_two_threads(plan, lambda: function(x, **attrs))
+    assert launch.entry in getattr(_dispatch, entries).values()
     with numbapool.threads(2):
-        got = function(x, **attrs)
-        threads = 1 if _dispatch._runs_serially(plan) else _threads.get_num_threads()
-        assert _dispatch._launch(plan, threads).entry in getattr(_dispatch, entries).values()
         generic = _generic_result(function, x, attrs, plan,
                                   (_dispatch, chooser, lambda plan: False))
     _assert_same_sums(got, generic)
@@ -491,7 +501,7 @@ def test_indexed_kernel(data):
     elements (indexed.indexed_max_units): the reference's elements bit for bit and its
     Indices, whatever the pads and the storage order, over ties of zeros of both signs and
     NaNs of two kinds."""
-    from numbapool import _dispatch, _threads
+    from numbapool import _dispatch
 
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS + INTS)))
     rank = data.draw(st.integers(1, 2))
@@ -511,13 +521,40 @@ def test_indexed_kernel(data):
     if expected is None:
         return
     plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
-    with numbapool.threads(2):
-        y, indices = numbapool.max_pool(x, return_indices=True, **attrs)
-        threads = 1 if _dispatch._runs_serially(plan) else _threads.get_num_threads()
-        entry = _dispatch._launch(plan, threads).indices_arguments[0]
-    assert entry in _dispatch._INDEXED_MAX.values()
+    (y, indices), launch = _on_two_threads(
+        plan, lambda: numbapool.max_pool(x, return_indices=True, **attrs))
+    assert launch.indices_arguments[0] in _dispatch._INDEXED_MAX.values()
     assert y.tobytes() == expected[0].tobytes()
     np.testing.assert_array_equal(indices, expected[1])
+
+
+@SETTINGS
+@given(st.data())
+def test_max_plane_kernel(data):
+    """MaxPool without Indices over 2-D windows at strides of 1 on small planes takes a run
+    of a plane's rows at once (max_planes.max_plane_units), a column-major scan of each
+    window: the reference's elements bit for bit, over ties of zeros of both signs and
+    NaNs of two kinds, whatever the dilations and pads, on two threads."""
+    from numbapool import _dispatch
+
+    dtype = np.dtype(data.draw(st.sampled_from(FLOATS + INTS)))
+    # channels enough that the output rows are whole units on two threads (_work_split)
+    shape = (data.draw(st.integers(1, 2)), 8, data.draw(st.integers(1, 12)),
+             data.draw(st.integers(1, 12)))
+    x = data.draw(tie_array(dtype, shape) if dtype in _TIE_BITS else array_of(dtype, shape))
+    kernel_shape = [data.draw(st.integers(1, 5)) for _ in range(2)]
+    attrs = dict(kernel_shape=kernel_shape, strides=[1, 1],
+                 dilations=[data.draw(st.integers(1, 3)) for _ in range(2)],
+                 # pads past the window's extent too: windows with no tap inside
+                 pads=[data.draw(st.integers(0, k + 1)) for k in kernel_shape * 2],
+                 ceil_mode=data.draw(st.integers(0, 1)))
+    expected = _expected_or_same_error("MaxPool", numbapool.max_pool, x, attrs)
+    if expected is None:
+        return
+    plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
+    got, launch = _on_two_threads(plan, lambda: numbapool.max_pool(x, **attrs))
+    assert launch.entry in _dispatch._MAX_PLANES.values()
+    assert got.tobytes() == expected[0].tobytes()
 
 
 @SETTINGS
@@ -526,9 +563,9 @@ def test_max_pool_columns_kernel(data):
     """MaxPool without Indices over two or more spatial axes runs input rows first
     (columns.column_units), a column-major scan of each window; where that scan's zero or
     NaN differs from the row-major one, the row-major one must be what comes out, bit for
-    bit."""
+    bit. 2-D windows at strides of 1, which small planes take to max_planes.py, are turned
+    away from it here."""
     from numbapool import _dispatch
-    from numbapool._kernels import columns
 
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
     rank = data.draw(st.integers(2, 4))
@@ -540,9 +577,13 @@ def test_max_pool_columns_kernel(data):
     expected = _expected_or_same_error("MaxPool", numbapool.max_pool, x, attrs)
     if expected is None:
         return
-    special = _dispatch._specialized(numbapool.plan("MaxPool", x.shape, x.dtype, **attrs))
-    assume(special is not None and special[0].kernel is columns.column_units)
-    got = numbapool.max_pool(x, **attrs)
+    plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
+    plan.launches.clear()
+    with mock.patch.object(_dispatch, "_max_plane_window", lambda plan: False):
+        special = _dispatch._specialized(plan)
+        assume(special is not None and special[0] in _dispatch._columns_special(plan)[:1])
+        got = _generic_result(numbapool.max_pool, x, attrs, plan,
+                              (_dispatch, "_max_plane_window", lambda plan: False))
     assert got.tobytes() == expected[0].tobytes()
 
 

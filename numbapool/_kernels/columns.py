@@ -20,7 +20,7 @@ from .codec import decode
 from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead
 from .scratch import empty, full
 from .units import first_unit_row, tap_is_inside, unit_row
-from .maxima import border_max, fold_max_function, max_run, start_maxima
+from .maxima import any_tie, border_max, fold_max_function, is_tie, max_run, start_maxima
 from .vectors import row_fold_first, row_fold_more
 
 
@@ -253,15 +253,9 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
             start_maxima(out, None, out_begin, count, lowest)
             for kw in range(k_last):
                 max_run(columns, np.uint64(kw * dilation), step, out, out_begin, count)
-        if check_ties:
-            suspect = False
+        if check_ties and any_tie(out, out_begin, count):
             for j in range(count):
-                value = decode(out[out_begin + np.uint64(j)])
-                suspect |= (value == 0) | (value != value)
-            if suspect:
-                for j in range(count):
-                    value = decode(out[out_begin + np.uint64(j)])
-                    if value == 0 or value != value:
+                if is_tie(decode(out[out_begin + np.uint64(j)])):
                         out[out_begin + np.uint64(j)] = border_max(
                             first + j, row_offset, row_inside, starts, lowest, source, axes,
                             taps, tap_offsets)

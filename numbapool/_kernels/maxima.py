@@ -39,6 +39,23 @@ def fold_max(kept, value):
     return kept if keeps(decode(kept), decode(value)) else value
 
 
+@njit(inline="always")
+def is_tie(value):
+    """Whether a MaxPool result (decoded) may have other bits in another scan order than
+    the row-major one: a zero (+0 and -0 compare equal) or a NaN (the first one wins)."""
+    return (value == 0) | (value != value)
+
+
+@njit(inline="always")
+def any_tie(out, begin, count):
+    """Whether any of out[begin:begin + count] is_tie: one pass with no branch, which
+    vectorizes, before the rare retake."""
+    suspect = False
+    for j in range(count):
+        suspect |= is_tie(decode(out[begin + np.uint64(j)]))
+    return suspect
+
+
 # The same fold compiled once per type, for LLVM to inline: numba inlines fold_max in its
 # own IR at each call site, a sixth of column_units' compile. Not for the fixed windows:
 # their 2x2 stride-2 MaxPool took 1.38x as long with it.
