@@ -402,7 +402,8 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
                     bits.type(8 * bits.itemsize - 1)), storage, bits)
     else:
         p_kind = _p_kind(op, p)
-        kernels = (global_.global_sum_entry(p_kind), (float(p), p_kind), storage, None)
+        kernels = (global_.global_sum_entry(p_kind, plan.dtype.itemsize < 8),
+                   (float(p), p_kind), storage, None)
     if len(_GLOBAL_CALLS) >= _MAX_GLOBAL_CALLS:  # shapes that never repeat: stay bounded
         _GLOBAL_CALLS.clear()
     call = _GLOBAL_CALLS[op, shape, dtype, p] = (plan.out_shape, plan.dtype, plan.rows, *kernels,

@@ -94,10 +94,15 @@ def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, s
             y_bits[nc] = best
 
 
-def global_sum_entry(p_kind):
+def global_sum_entry(p_kind, narrow):
     """The serial entry point of GlobalAveragePool (p_kind 0) or GlobalLpPool (p_kind 1 to
-    4: |x|, x ** 2, |x| ** 3, |x| ** p), compiled for its own kind (entry.py)."""
-    return EntryPoint(global_sum_units, (p_kind,))
+    4: |x|, x ** 2, |x| ** 3, |x| ** p), compiled for its own kind (entry.py): for results
+    ``narrow``er than float64 and p_kind up to 2, reordered_units; else global_sum_units
+    (float64 results would need the exact sum, no gain; p_kind 3's root is not monotonic).
+    Chosen here, not by a branch in the kernel, which compiled the other kernel's loops
+    too."""
+    return EntryPoint(reordered_units if narrow and p_kind <= 2 else global_sum_units,
+                      (p_kind,))
 
 
 @njit(inline="always")
@@ -143,8 +148,7 @@ def channel_sums(flat, base, size):
     """(the sum of a channel's elements in float64, added in an order of its own; at least
     the sum of their magnitudes). Long channels (LONG_VECTOR_CHANNEL elements and more) in
     explicit vectors (vectors.py), with twice the float32 sum of the magnitudes as the
-    bound; the others, and float64 ones (typed, never run: their results need the in-order
-    sum), in reordered_sums. Short channels go through group_sums first."""
+    bound; the others in reordered_sums. Short channels go through group_sums first."""
 
 
 @overload(channel_sums, inline="always")
@@ -308,13 +312,9 @@ def reordered_units(begin, end, x, y, p, p_kind):
 
 @kernel()
 def global_sum_units(begin, end, x, y, p, p_kind):
-    """Each channel's terms added in order, or a result proved equal to that (see the
-    module's docstring); otherwise channels go GROUP at a time, element i of each in step.
-    ``p_kind`` arrives as a literal (global_sum_entry): each call below is compiled for
-    that one kind, and its tests of the kind fold away."""
-    # float64 results would need the exact sum: no gain; p_kind 3's root is not monotonic
-    if y.itemsize < 8 and p_kind <= 2:
-        return reordered_units(begin, end, x, y, p, p_kind)
+    """Each channel's terms added in order, channels GROUP at a time, element i of each in
+    step (see the module's docstring). ``p_kind`` arrives as a literal (global_sum_entry):
+    each call below is compiled for that one kind, and its tests of the kind fold away."""
     flat = x.reshape(x.size)
     size = np.uint64(x.shape[1])
     totals = empty(GROUP, np.float64)
