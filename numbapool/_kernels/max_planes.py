@@ -23,7 +23,7 @@ from numba import njit
 from .._plan import AXIS_DILATION, AXIS_EXTENT
 from . import kernel
 from .codec import decode
-from .maxima import any_tie, fold_max, fold_max_function, is_tie
+from .maxima import fold_max, fold_max_function, is_tie
 from .scratch import empty
 from .units import plane_axes
 
@@ -147,9 +147,12 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
         for row in range(rows):
             out_at = np.uint64((plane * out_height + first + row) * out_width)
             at = np.uint64(row * padded_width)
+            suspect = False  # a zero or a NaN, checked as the row is stored
             for o in range(np.uint64(out_width)):
-                out[out_at + o] = maxima[at + o]
-            if check_ties and any_tie(out, out_at, out_width):
+                value = maxima[at + o]
+                out[out_at + o] = value
+                suspect |= check_ties and is_tie(decode(value))
+            if suspect:
                 for o in range(out_width):
                     if is_tie(decode(out[out_at + np.uint64(o)])):
                         out[out_at + np.uint64(o)] = _row_major_max(
