@@ -48,7 +48,8 @@ def _copy_region(source, plane_start, region, region_top, rows, padded_width, he
                  top, left, lowest):
     """region = ``rows`` rows of the padded plane from padded row ``region_top``, each
     ``padded_width`` wide: the input's elements where they lie, ``lowest`` elsewhere."""
-    first = max(0, min(padded_width, left))  # the region's columns inside the input: [first, end)
+    # the region's columns inside the input: [first, end)
+    first = max(0, min(padded_width, left))
     end = max(first, min(padded_width, left + width))
     for row in range(rows):
         at = np.uint64(row * padded_width)
