@@ -256,6 +256,6 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
         if check_ties and any_tie(out, out_begin, count):
             for j in range(count):
                 if is_tie(decode(out[out_begin + np.uint64(j)])):
-                        out[out_begin + np.uint64(j)] = border_max(
-                            first + j, row_offset, row_inside, starts, lowest, source, axes,
-                            taps, tap_offsets)
+                    out[out_begin + np.uint64(j)] = border_max(
+                        first + j, row_offset, row_inside, starts, lowest, source, axes,
+                        taps, tap_offsets)

@@ -71,7 +71,9 @@ def _copy_region(source, plane_start, region, region_top, rows, padded_width, he
 def _fold_taps(target, source, base, count, taps, spacing):
     """target[i] = the maximum of source[base + i + t * spacing] for t < ``taps``, for
     i < count: three taps to a pass over the run, the first pass taking 1 to 3 (a tap
-    taken twice changes nothing), so that the rest go in threes."""
+    taken twice changes nothing), so that the rest go in threes. The shape of
+    columns._fold_column_rows, written out with the taps' offsets computed: through that
+    function, their offsets read from a table, these windows ran 1.03-1.10x slower."""
     take = (taps - 1) % 3 + 1
     second = np.uint64(base + min(1, take - 1) * spacing)
     third = np.uint64(base + (take - 1) * spacing)
