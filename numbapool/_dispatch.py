@@ -43,6 +43,7 @@ _SUM_POOLS = {(p_kind, three_taps): EntryPoint(sums.sum_pool_units, (p_kind, thr
 # MaxPool with Indices over 1-D and 2-D windows, per stride along the rows (1 or 2)
 _INDEXED_MAX = {step: EntryPoint(indexed.indexed_max_units, (step,)) for step in (1, 2)}
 _GLOBAL_MAX = EntryPoint(global_.global_max_units, inputs=2)  # x and its bits
+_BLOCK_SUMS = EntryPoint(global_.block_sum_units)  # GlobalAveragePool narrower than float64
 # AveragePool's 3x3 windows over small planes, per stride along the rows (1 or 2)
 _PLANE_MEANS = {step: EntryPoint(planes.plane_mean_units, (step,)) for step in (1, 2)}
 # the wide windows' kernel per (kind of p: AveragePool's 0, LpPool's 2, stride along
@@ -400,6 +401,8 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
         kernels = (_GLOBAL_MAX,
                    (bits.type(np.iinfo(bits).max), bits.type(_INF_BITS[plan.dtype]),
                     bits.type(8 * bits.itemsize - 1)), storage, bits)
+    elif _float32_blocks(op, plan.dtype):
+        kernels = (_BLOCK_SUMS, (), storage, None)
     else:
         p_kind = _p_kind(op, p)
         kernels = (global_.global_sum_entry(p_kind, plan.dtype.itemsize < 8),
@@ -450,23 +453,51 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     return y
 
 
-def continue_global_sums(op: str, x: np.ndarray, dtype: np.dtype, totals: np.ndarray,
-                         p: float = 2.0) -> np.ndarray:
-    """``totals`` (float64, one per channel) plus the terms of the slab ``x``, added in
-    order: a global sum split over consecutive slabs, bit for bit (numbapool.dask)."""
-    totals = np.array(totals, dtype=np.float64)  # a new array: the caller's stays as it was
+def _float32_blocks(op: str, dtype: np.dtype) -> bool:
+    """Whether the global sum takes float32 block sums (docs/semantics.md)."""
+    return op == "GlobalAveragePool" and dtype.itemsize < 8
+
+
+class RunningSums(NamedTuple):
+    """A global sum carried across consecutive slabs of its channels (numbapool.dask)."""
+
+    totals: np.ndarray  # float64, one per channel
+    lanes: np.ndarray | None  # float32 block sums: the lanes of each channel's open block
+    done: int  # elements of each channel added so far
+
+
+def start_global_sums(op: str, channels: int, dtype: np.dtype) -> RunningSums:
+    lanes = (np.zeros((channels, global_.LANES), np.float32)
+             if _float32_blocks(op, dtype) else None)
+    return RunningSums(np.zeros(channels), lanes, 0)
+
+
+def continue_global_sums(op: str, x: np.ndarray, dtype: np.dtype, sums: RunningSums,
+                         p: float = 2.0) -> RunningSums:
+    """``sums`` with the slab ``x`` added, as the in-memory call adds it: a global sum
+    split over consecutive slabs, bit for bit. New arrays: the caller's stay as they were."""
+    totals = np.array(sums.totals, dtype=np.float64)
+    lanes = None if sums.lanes is None else np.array(sums.lanes, dtype=np.float32)
+    rows = channel_rows(x, dtype)
     if x.size:
-        global_.global_sum_continue(channel_rows(x, dtype), totals, float(p), _p_kind(op, p))
-    return totals
+        if lanes is None:
+            global_.global_sum_continue(rows, totals, float(p), _p_kind(op, p))
+        else:
+            global_.block_sum_continue(rows, totals, lanes, np.uint64(sums.done))
+    return RunningSums(totals, lanes, sums.done + rows.shape[1])
 
 
-def finish_global_sums(op: str, totals: np.ndarray, size: int, dtype: np.dtype, out_shape: tuple,
+def finish_global_sums(op: str, sums: RunningSums, dtype: np.dtype, out_shape: tuple,
                        p: float = 2.0) -> np.ndarray:
-    """The result of a global sum over ``size`` elements per channel from its totals."""
+    """The result of a global sum from its running sums over whole channels."""
     y = np.empty(out_shape, dtype=dtype)
-    global_.global_sum_finish(np.ascontiguousarray(totals, dtype=np.float64), np.uint64(size),
-                              as_storage(y.reshape(-1), dtype), float(p),
-                              _p_kind(op, p))
+    out = as_storage(y.reshape(-1), dtype)
+    totals = np.array(sums.totals, dtype=np.float64)
+    if sums.lanes is None:
+        global_.global_sum_finish(totals, np.uint64(sums.done), out, float(p), _p_kind(op, p))
+    else:
+        global_.block_sum_finish(totals, np.array(sums.lanes, dtype=np.float32),
+                                 np.uint64(sums.done), out)
     return y
 
 

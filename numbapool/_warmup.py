@@ -126,8 +126,9 @@ def _exercise(op: str, dtype: np.dtype, window: int | None = None) -> None:
             with numbapool.threads(1):
                 call(x)
         if op != "GlobalMaxPool":
-            totals = _dispatch.continue_global_sums(op, x, dtype, np.zeros(4))
-            _dispatch.finish_global_sums(op, totals, side * side, dtype, (1, 4, 1, 1))
+            sums = _dispatch.start_global_sums(op, 4, dtype)
+            sums = _dispatch.continue_global_sums(op, x, dtype, sums)
+            _dispatch.finish_global_sums(op, sums, dtype, (1, 4, 1, 1))
 
 
 def _tasks(pairs: list) -> list:

@@ -15,8 +15,9 @@ MaxPool Indices are offsets into the whole input, as in memory.
 Global pools: each channel's row-major sequence is cut into consecutive pieces no larger
 than the largest input chunk. GlobalMaxPool takes each piece's first maximum and reduces
 them in a tree, earlier pieces first. GlobalAveragePool and GlobalLpPool carry each
-channel's float64 running sum from piece to piece, in order: the same additions as the
-in-memory call, which a tree of partial sums could not promise. docs/dask.md gives the
+channel's running sums from piece to piece, in order (float64 totals, and the float32
+lanes of the block a piece ends in where the sum takes float32 blocks): the same additions
+as the in-memory call, which a tree of partial sums could not promise. docs/dask.md gives the
 memory a task holds.
 """
 
@@ -229,25 +230,25 @@ def global_max_pool(x):
 
 
 def _global_sums(op: str, x, p: float = 2.0) -> da.Array:
-    """Each channel's float64 running sum carried from piece to piece, in order, then the
-    mean or the root: the same additions as the in-memory call."""
+    """Each channel's running sums carried from piece to piece, in order
+    (_dispatch.RunningSums), then the mean or the root: the same additions as the in-memory
+    call."""
     x = _as_dask(x)
-    size = math.prod(x.shape[2:])
     carry = dask.delayed(_dispatch.continue_global_sums, pure=True)
     finish = dask.delayed(_dispatch.finish_global_sums, pure=True)
 
     def reduce(pieces, n, c):
-        totals = np.zeros(n * c, dtype=np.float64)
+        sums = _dispatch.start_global_sums(op, n * c, x.dtype)
         for piece in pieces:
-            totals = carry(op, piece, x.dtype, totals, p)
-        return finish(op, totals, size, x.dtype, (n, c) + (1,) * (x.ndim - 2), p)
+            sums = carry(op, piece, x.dtype, sums, p)
+        return finish(op, sums, x.dtype, (n, c) + (1,) * (x.ndim - 2), p)
 
     return _by_channel_block(op, x, reduce)
 
 
 def global_average_pool(x):
-    """numbapool.global_average_pool on a dask array: the in-order float64 sum carried
-    from slab to slab, the same result."""
+    """numbapool.global_average_pool on a dask array: the running sums carried from slab
+    to slab, the same result."""
     return _global_sums("GlobalAveragePool", x)
 
 

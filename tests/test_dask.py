@@ -123,6 +123,19 @@ def test_global_pools_random_chunkings(client, op):
         assert_bitwise_equal(client.compute(lazy).result(), in_memory(x))
 
 
+def test_global_average_pieces_inside_float32_blocks(client):
+    # GlobalAveragePool narrower than float64 adds blocks of 1024 elements in 64 float32
+    # lanes (docs/semantics.md): pieces that begin and end inside a block, and inside a
+    # run of lanes, carry the lanes of the block they end in
+    rng = np.random.default_rng(4)
+    for dtype in (np.float32, np.float16, ml_dtypes.bfloat16):
+        x = rng.standard_normal((2, 3, 2500)) * 2.0 ** rng.integers(-8, 8, (2, 3, 2500))
+        x = x.astype(dtype)
+        for chunks in [(1, 2, (700, 1100, 700)), (2, 3, (1, 1023, 1025, 451)), (1, 1, 333)]:
+            lazy = nd.global_average_pool(da.from_array(x, chunks=chunks))
+            assert_bitwise_equal(client.compute(lazy).result(), numbapool.global_average_pool(x))
+
+
 def test_output_chunks_are_regular():
     x = da.zeros((2, 3, 100, 60), chunks=(1, 2, 25, 30), dtype=np.float32)
     y = nd.max_pool(x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1])

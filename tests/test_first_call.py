@@ -106,7 +106,8 @@ def test_a_second_process_compiles_nothing(tmp_path, monkeypatch):
     assert {"run_in_parallel", "max_pool_units_with_indices", "sum_pool_units",
             "global_max_units", "global_sum_units", "max_unpool", "column_units",
             "fixed_max_units", "fixed_sum_units", "plane_mean_units",
-            "wide_sum_units", "indexed_max_units", "max_plane_units"} <= maxima | sums
+            "wide_sum_units", "indexed_max_units", "max_plane_units",
+            "block_sum_units"} <= maxima | sums
     filled = _cache_files()
     assert filled
     # a process making every call of both compiles nothing and writes nothing, and loads

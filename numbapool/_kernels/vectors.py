@@ -1,27 +1,24 @@
 """Loops written as LLVM vector code, where numba's loops vectorize badly.
 
-A channel's float64 sum: LLVM vectorizes ``for i in range(n): total += x[i]`` as a 32-wide
-body, then a 4-wide loop and a scalar loop for the elements left, each ending in a
-horizontal sum. On a channel of 7x7 the body runs once and the leftovers cost the most.
-Here the body is 8 wide (32 wide in four accumulators for long channels), and the
-elements left come in masked loads, which read nothing past the channel; short channels'
-horizontal sums go 8 channels at a time (transposed_sums). float32 elements, and float16
-and bfloat16 ones as codec.py stores them, decoded 8 at a time.
+GlobalAveragePool's float32 block sums (block_sum, add_to_lanes): their order is the rule
+of docs/semantics.md, lane by lane, which numba's loop would not keep; eight vectors of
+float32 lanes side by side, the elements past the last whole run of lanes in masked loads,
+which read nothing past the channel. float32 elements, and float16 and bfloat16 ones as
+codec.py stores them, decoded 8 at a time.
 GlobalMaxPool's maximum of a channel's order keys (vector_key_max) goes the same way, and
 so does MaxPool's fold of input rows of 8- and 16-bit elements (row_fold_first,
 row_fold_more), whose rows of a hundred elements or so numba's loop left mostly to its
-scalar leftovers.
-"""
+scalar leftovers."""
 
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-WIDTH = 8  # float64 lanes in a 512-bit vector
+WIDTH = 16  # float32 lanes in a vector of the block sums
 _I1, _I32, _I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
-_F32, _F64 = ir.FloatType(), ir.DoubleType()
-_V32, _V64 = ir.VectorType(_F32, WIDTH), ir.VectorType(_F64, WIDTH)
+_F32 = ir.FloatType()
+_V32 = ir.VectorType(_F32, WIDTH)
 _VI32 = ir.VectorType(_I32, WIDTH)
 
 
@@ -77,10 +74,7 @@ def _float32_vector(builder, loaded, storage):
     """The float32 values of vector ``loaded`` of elements stored as ``storage`` (codec.py:
     uint16 bits of float16, int16 bits of bfloat16)."""
     if storage == types.uint16:
-        wide = builder.fpext(builder.bitcast(loaded, ir.VectorType(ir.HalfType(), WIDTH)), _V32)
-        # LLVM would take the magnitudes from the 16 bits and convert them a second time
-        return builder.call(_declare(builder, "llvm.arithmetic.fence.v8f32", _V32, [_V32]),
-                            [wide])
+        return builder.fpext(builder.bitcast(loaded, ir.VectorType(ir.HalfType(), WIDTH)), _V32)
     if storage == types.int16:
         wide = builder.shl(builder.zext(loaded, _VI32), ir.Constant(_VI32, [16] * WIDTH))
         return builder.bitcast(wide, _V32)
@@ -88,88 +82,10 @@ def _float32_vector(builder, loaded, storage):
 
 
 # numba's element type -> (the LLVM vector of WIDTH elements, its intrinsics' suffix)
-_STORED = {types.float32: (_V32, "v8f32"),
-           types.uint16: (ir.VectorType(ir.IntType(16), WIDTH), "v8i16"),
-           types.int16: (ir.VectorType(ir.IntType(16), WIDTH), "v8i16")}
+_STORED = {types.float32: (_V32, f"v{WIDTH}f32"),
+           types.uint16: (ir.VectorType(ir.IntType(16), WIDTH), f"v{WIDTH}i16"),
+           types.int16: (ir.VectorType(ir.IntType(16), WIDTH), f"v{WIDTH}i16")}
 STORAGE = tuple(_STORED)
-
-
-def _lane_sums(builder, data, start, count, storage, accumulators):
-    """(float64 vector, float32 vector) whose lanes add up to the float64 sum and to the
-    float32 sum of the magnitudes of data[start:start + count] (float32, or 16-bit floats
-    stored as codec.py says; ``storage`` numba's type of them), ``accumulators`` vectors
-    side by side, the elements left in masked loads whose lanes past the end load +0."""
-    stored, suffix = _STORED[storage]
-    pointer = stored.as_pointer()
-    magnitude_bits = ir.Constant(_VI32, [0x7FFFFFFF] * WIDTH)
-    # The float64 total is added as x * 1 + total, which rounds as x + total does: the
-    # multiply-add units take it, and the adders keep the magnitudes and the conversions
-    # (0.89 of the time on 56x56 channels, 0.91 on 7x7). The fence hides the 1 from LLVM,
-    # which would fold the product back into an addition.
-    ones = builder.call(_declare(builder, "llvm.arithmetic.fence.v8f64", _V64, [_V64]),
-                        [ir.Constant(_V64, [1.0] * WIDTH)])
-    multiply_add = _declare(builder, "llvm.fmuladd.v8f64", _V64, [_V64] * 3)
-
-    def vector_at(offset):
-        return builder.bitcast(builder.gep(data, [builder.add(start, offset)]), pointer)
-
-    def add(sums, loaded):
-        total, magnitudes = sums
-        vector = _float32_vector(builder, loaded, storage)
-        magnitude = builder.and_(builder.bitcast(vector, _VI32), magnitude_bits)
-        return (builder.call(multiply_add, [builder.fpext(vector, _V64), ones, total]),
-                builder.fadd(magnitudes, builder.bitcast(magnitude, _V32)))
-
-    def add_vectors(i, values):  # values: (total, magnitudes) per accumulator
-        added = []
-        for k in range(accumulators):
-            loaded = builder.load(vector_at(builder.add(i, ir.Constant(_I64, k * WIDTH))),
-                                  align=2)
-            added += add(values[2 * k:2 * k + 2], loaded)
-        return added
-
-    zeros = [ir.Constant(_V64, [0.0] * WIDTH), ir.Constant(_V32, [0.0] * WIDTH)]
-    values, whole = _vector_loop(builder, count, WIDTH * accumulators, zeros * accumulators,
-                                 add_vectors)
-    # up to WIDTH * accumulators - 1 elements left: one masked load per accumulator
-    masked_load = _declare(builder, f"llvm.masked.load.{suffix}.p0", stored,
-                           [pointer, _I32, ir.VectorType(_I1, WIDTH), stored])
-    sums = None
-    for k in range(accumulators):
-        loaded = builder.call(masked_load, [
-            vector_at(builder.add(whole, ir.Constant(_I64, k * WIDTH))),
-            ir.Constant(_I32, 2), _left_lanes(builder, count, whole, k * WIDTH, WIDTH),
-            ir.Constant(stored, None)])
-        pair = add(values[2 * k:2 * k + 2], loaded)
-        sums = pair if sums is None else tuple(builder.fadd(a, b) for a, b in zip(sums, pair))
-    return sums
-
-
-@intrinsic
-def vector_sums(typingctx, flat, start, count):
-    """``(flat, start, count) -> (total, magnitudes)``: over the elements
-    flat[start:start + count] (float32, or 16-bit floats stored as codec.py says), their
-    float64 sum and the float32 sum of their magnitudes, each added in an order of its own
-    (four vectors side by side, then a horizontal sum): long channels."""
-    if not (isinstance(flat, types.Array) and flat.dtype in _STORED
-            and isinstance(start, types.Integer) and isinstance(count, types.Integer)):
-        return None
-    signature = types.UniTuple(types.float64, 2)(flat, types.uint64, types.uint64)
-
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        total, magnitudes = _lane_sums(builder, data, args[1], args[2],
-                                       signature.args[0].dtype, 4)
-        total = builder.call(_declare(builder, "llvm.vector.reduce.fadd.v8f64", _F64,
-                                      [_F64, _V64]),
-                             [ir.Constant(_F64, -0.0), total], fastmath=("reassoc",))
-        magnitudes = builder.call(_declare(builder, "llvm.vector.reduce.fadd.v8f32", _F32,
-                                           [_F32, _V32]),
-                                  [ir.Constant(_F32, -0.0), magnitudes], fastmath=("reassoc",))
-        return context.make_tuple(builder, signature.return_type,
-                                  [total, builder.fpext(magnitudes, _F64)])
-
-    return signature, codegen
 
 
 def _scratch(array_type, element):
@@ -182,72 +98,107 @@ def _vector_pointer(context, builder, array_type, array, at, vector):
     return builder.bitcast(builder.gep(data, [at]), vector.as_pointer())
 
 
+# GlobalAveragePool's float32 block sums (docs/semantics.md): element j of a block goes to
+# lane j % LANES, each lane adding in order from +0; then lane l + h is added to lane l for
+# h = LANES / 2, ..., 1. Eight vectors side by side: their additions do not wait on each other.
+LANES = 64
+
+
+def _add_to_lanes(builder, data, start, count, storage, lanes):
+    """The LANES // WIDTH float32 vectors ``lanes`` after data[start:start + count] is added
+    to them, element j to lane j % LANES; the elements past the last whole LANES in masked
+    loads whose lanes past the end load +0, which leaves a lane as it is (a lane is never
+    -0: it starts at +0, and a sum is -0 only where both terms are)."""
+    stored, suffix = _STORED[storage]
+    pointer = stored.as_pointer()
+
+    def vector_at(offset):
+        return builder.bitcast(builder.gep(data, [builder.add(start, offset)]), pointer)
+
+    def add_vectors(i, values):
+        return [builder.fadd(value, _float32_vector(builder, builder.load(
+            vector_at(builder.add(i, ir.Constant(_I64, k * WIDTH))), align=2), storage))
+            for k, value in enumerate(values)]
+
+    values, whole = _vector_loop(builder, count, LANES, lanes, add_vectors)
+    masked_load = _declare(builder, f"llvm.masked.load.{suffix}.p0", stored,
+                           [pointer, _I32, ir.VectorType(_I1, WIDTH), stored])
+    # each vector that holds one of the elements left: a branch of its own, taken the same
+    # way channel after channel, and the masks compared in 32 bits
+    left = builder.trunc(builder.sub(count, whole), _I32)
+    below_left = _splat(builder, left, WIDTH)
+    results = []
+    for k, value in enumerate(values):
+        before = builder.block
+        with builder.if_then(builder.icmp_unsigned(">", left, ir.Constant(_I32, k * WIDTH))):
+            inside = builder.icmp_unsigned("<", ir.Constant(_VI32, list(range(k * WIDTH, (k + 1) * WIDTH))),
+                                           below_left)
+            loaded = builder.call(masked_load, [
+                vector_at(builder.add(whole, ir.Constant(_I64, k * WIDTH))), ir.Constant(_I32, 2),
+                inside, ir.Constant(stored, None)])
+            added = builder.fadd(value, _float32_vector(builder, loaded, storage))
+            tail = builder.block
+        phi = builder.phi(_V32)
+        phi.add_incoming(value, before)
+        phi.add_incoming(added, tail)
+        results.append(phi)
+    return results
+
+
+def _lane_tree(builder, vectors):
+    """Lane 0 after lane l + h is added to lane l, for h = LANES / 2, ..., 1."""
+    while len(vectors) > 1:  # h from LANES / 2 down to WIDTH: whole vectors
+        half = len(vectors) // 2
+        vectors = [builder.fadd(vectors[k], vectors[k + half]) for k in range(half)]
+    vector = vectors[0]
+    half = WIDTH // 2
+    while half:  # then within the vector
+        upper = ir.Constant(_VI32, [(lane + half) % WIDTH for lane in range(WIDTH)])
+        vector = builder.fadd(vector, builder.shuffle_vector(vector, vector, upper))
+        half //= 2
+    return builder.extract_element(vector, ir.Constant(_I32, 0))
+
+
+def _block_arguments(flat, start, count):
+    return (isinstance(flat, types.Array) and flat.dtype in _STORED
+            and isinstance(start, types.Integer) and isinstance(count, types.Integer))
+
+
 @intrinsic
-def vector_lane_sums(typingctx, flat, start, count, lane_totals, lane_magnitudes, slot):
-    """``(flat, start, count, lane_totals, lane_magnitudes, slot)``: the lanes of one
-    vector each whose sums are the float64 sum and the float32 sum of the magnitudes of
-    flat[start:start + count] (as vector_sums adds them, in one vector: short channels),
-    stored at lane_totals and lane_magnitudes[WIDTH * slot:WIDTH * (slot + 1)], for
-    transposed_sums to add up WIDTH channels at a time."""
-    if not (isinstance(flat, types.Array) and flat.dtype in _STORED
-            and _scratch(lane_totals, types.float64) and _scratch(lane_magnitudes, types.float32)):
+def block_sum(typingctx, flat, start, count):
+    """``(flat, start, count) -> float32``: the float32 block sum (LANES) of
+    flat[start:start + count] (float32, or 16-bit floats stored as codec.py says)."""
+    if not _block_arguments(flat, start, count):
         return None
-    signature = types.none(flat, types.uint64, types.uint64, lane_totals, lane_magnitudes,
-                           types.uint64)
+    signature = types.float32(flat, types.uint64, types.uint64)
 
     def codegen(context, builder, signature, args):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        sums = _lane_sums(builder, data, args[1], args[2], signature.args[0].dtype, 1)
-        at = builder.mul(args[5], ir.Constant(_I64, WIDTH))
-        for k, (value, vector) in enumerate(zip(sums, (_V64, _V32))):
-            builder.store(value, _vector_pointer(context, builder, signature.args[3 + k],
-                                                 args[3 + k], at, vector), align=4)
-        return context.get_dummy_value()
+        zeros = [ir.Constant(_V32, [0.0] * WIDTH)] * (LANES // WIDTH)
+        return _lane_tree(builder, _add_to_lanes(builder, data, args[1], args[2],
+                                                 signature.args[0].dtype, zeros))
 
     return signature, codegen
 
 
-def _transposed(builder, vectors):
-    """The vector whose lane k is the sum of the lanes of vectors[k] (WIDTH vectors of
-    WIDTH lanes). Each level adds two vectors' halves of partial sums at once, a pair of
-    shuffles and one add for every two vectors: 7 adds for 8 vectors, where 8 horizontal
-    sums take 3 each."""
-    partials = WIDTH  # lanes that each vector's partial sums take
-    while len(vectors) > 1:
-        sources = WIDTH // partials  # vectors whose partials each vector holds
-        half = partials // 2
-        low = [s * partials + i for s in range(sources) for i in range(half)]
-        low += [WIDTH + lane for lane in low]
-        high = [lane + half for lane in low]
-        vectors = [builder.fadd(builder.shuffle_vector(a, b, ir.Constant(_VI32, low)),
-                                builder.shuffle_vector(a, b, ir.Constant(_VI32, high)))
-                   for a, b in zip(vectors[::2], vectors[1::2])]
-        partials = half
-    return vectors[0]
-
-
 @intrinsic
-def transposed_sums(typingctx, lane_totals, lane_magnitudes, totals, bounds, at):
-    """``(lane_totals, lane_magnitudes, totals, bounds, at)``: for the WIDTH channels whose
-    lanes vector_lane_sums stored, totals[at + k] = channel k's float64 sum and
-    bounds[at + k] = twice the float32 sum of its magnitudes, the horizontal sums taken
-    WIDTH at a time (_transposed): 7x7 channels in 0.83 to 0.89 of the time of one
-    horizontal sum per channel."""
-    if not (_scratch(lane_totals, types.float64) and _scratch(lane_magnitudes, types.float32)
-            and _scratch(totals, types.float64) and _scratch(bounds, types.float64)):
+def add_to_lanes(typingctx, flat, start, count, lanes):
+    """``(flat, start, count, lanes)``: flat[start:start + count] added to the LANES float32
+    lanes[0:LANES], element j to lane j % LANES, as block_sum adds them: a block summed
+    across slabs of its channel (numbapool.dask)."""
+    if not (_block_arguments(flat, start, count) and _scratch(lanes, types.float32)):
         return None
-    signature = types.none(lane_totals, lane_magnitudes, totals, bounds, types.uint64)
+    signature = types.none(flat, types.uint64, types.uint64, lanes)
 
     def codegen(context, builder, signature, args):
-        total, magnitudes = (
-            _transposed(builder, [builder.load(_vector_pointer(
-                context, builder, signature.args[k], args[k], ir.Constant(_I64, WIDTH * lane),
-                vector), align=4) for lane in range(WIDTH)])
-            for k, vector in enumerate((_V64, _V32)))
-        bound = builder.fmul(builder.fpext(magnitudes, _V64), ir.Constant(_V64, [2.0] * WIDTH))
-        for k, value in ((2, total), (3, bound)):
-            builder.store(value, _vector_pointer(context, builder, signature.args[k], args[k],
-                                                 args[4], _V64), align=8)
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        pointers = [_vector_pointer(context, builder, signature.args[3], args[3],
+                                    ir.Constant(_I64, k * WIDTH), _V32)
+                    for k in range(LANES // WIDTH)]
+        added = _add_to_lanes(builder, data, args[1], args[2], signature.args[0].dtype,
+                              [builder.load(pointer, align=4) for pointer in pointers])
+        for value, pointer in zip(added, pointers):
+            builder.store(value, pointer, align=4)
         return context.get_dummy_value()
 
     return signature, codegen
