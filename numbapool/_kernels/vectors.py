@@ -1,10 +1,10 @@
 """Loops written as LLVM vector code, where numba's loops vectorize badly.
 
 GlobalAveragePool's float32 block sums (block_sum, add_to_lanes): their order is the rule
-of docs/semantics.md, lane by lane, which numba's loop would not keep; eight vectors of
+of docs/semantics.md, lane by lane, which numba's loop would not keep; four vectors of
 float32 lanes side by side, the elements past the last whole run of lanes in masked loads,
 which read nothing past the channel. float32 elements, and float16 and bfloat16 ones as
-codec.py stores them, decoded 8 at a time.
+codec.py stores them, decoded a vector at a time.
 GlobalMaxPool's maximum of a channel's order keys (vector_key_max) goes the same way, and
 so does MaxPool's fold of input rows of 8- and 16-bit elements (row_fold_first,
 row_fold_more), whose rows of a hundred elements or so numba's loop left mostly to its
@@ -100,7 +100,8 @@ def _vector_pointer(context, builder, array_type, array, at, vector):
 
 # GlobalAveragePool's float32 block sums (docs/semantics.md): element j of a block goes to
 # lane j % LANES, each lane adding in order from +0; then lane l + h is added to lane l for
-# h = LANES / 2, ..., 1. Eight vectors side by side: their additions do not wait on each other.
+# h = LANES / 2, ..., 1. LANES // WIDTH vectors side by side: their additions do not wait
+# on each other.
 LANES = 64
 
 
