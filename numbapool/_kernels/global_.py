@@ -11,7 +11,8 @@ the independent in-order scans vectorize.
 """
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from .codec import decode, encode
 from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead
@@ -20,7 +21,7 @@ from . import kernel
 from .entry import EntryPoint
 from .maxima import fold_max
 from .sums import lp_root, lp_term
-from .vectors import LANES, add_to_lanes, block_sum, vector_key_max
+from .vectors import LANES, add_to_lanes, block_sum, vector_float_max, vector_key_max
 
 # Runs of channels the parallel driver deals out, at most: the loops live in plain
 # functions, which numba optimizes better than code inside the parallel region.
@@ -55,18 +56,49 @@ def order_key(bits, magnitude_mask, sign_shift):
     return np.bitwise_xor(bits, np.bitwise_and(np.right_shift(bits, sign_shift), magnitude_mask))
 
 
+def store_first_max(flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask, inf_bits,
+                    sign_shift):
+    """Store channel nc's first largest element in y[nc] (its bits in y_bits[nc]) and
+    return True, unless the channel holds a NaN or its largest is a zero (+0 and -0 tie),
+    which the caller takes again in order. Equal floats other than zeros and NaNs have
+    equal bits, so any largest is the first. float32 and float64 through
+    vectors.vector_float_max, 16-bit floats as the largest of their order keys
+    (vectors.vector_key_max)."""
+
+
+@overload(store_first_max, inline="always")
+def _store_first_max_overload(flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask,
+                              inf_bits, sign_shift):
+    if flat.dtype in (types.float32, types.float64):
+        def floats(flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask, inf_bits,
+                   sign_shift):
+            largest, any_nan = vector_float_max(flat, base, size)
+            if any_nan or largest == 0:
+                return False
+            y[nc] = largest
+            return True
+        return floats
+
+    def keys(flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask, inf_bits, sign_shift):
+        best_key, largest_magnitude = vector_key_max(flat_bits, base, size, magnitude_mask,
+                                                     sign_shift)
+        best = order_key(best_key, magnitude_mask, sign_shift)  # the key's own inverse
+        if largest_magnitude > inf_bits or best & magnitude_mask == 0:
+            return False
+        y_bits[nc] = best
+        return True
+    return keys
+
+
 @kernel()
 def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, sign_shift):
     """The first largest element of each channel, bit for bit; a NaN gives the first NaN.
 
-    Each channel's maximum as an integer maximum of order keys over ``bits`` (the
-    elements' bit patterns as signed integers), in explicit vectors (vectors.py). Equal
-    floats other than zeros and NaNs have equal bits, so that maximum is the first maximum;
-    a channel whose maximum is a zero (+0 and -0 tie) or that holds a NaN is scanned again
-    in order.
-    ``magnitude_mask``, ``inf_bits`` and ``sign_shift`` have the type of ``bits``, so that
-    the integer arithmetic stays in that width: as many elements per vector as the dtype
-    allows."""
+    Each channel's largest in explicit vectors (store_first_max); a channel whose largest
+    is a zero or that holds a NaN is scanned again in order. ``bits`` are the elements' bit
+    patterns as signed integers; ``magnitude_mask``, ``inf_bits`` and ``sign_shift`` have
+    their type, so that the integer arithmetic stays in that width: as many elements per
+    vector as the dtype allows."""
     flat, flat_bits = x.reshape(x.size), bits.reshape(bits.size)
     size = np.uint64(x.shape[1])
     # short channels of an input past a share of the caches: their loads wait on memory
@@ -77,13 +109,9 @@ def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, s
         base = np.uint64(nc) * size
         if ahead:
             prefetch_ahead(flat_bits, base, size)
-        best_key, largest_magnitude = vector_key_max(flat_bits, base, size, magnitude_mask,
-                                                     sign_shift)
-        best = order_key(best_key, magnitude_mask, sign_shift)  # the key's own inverse
-        if largest_magnitude > inf_bits or best & magnitude_mask == 0:
+        if not store_first_max(flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask,
+                               inf_bits, sign_shift):
             y[nc] = channel_max(flat, base, size)
-        else:
-            y_bits[nc] = best
 
 
 def global_sum_entry(p_kind, narrow):

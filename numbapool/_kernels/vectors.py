@@ -5,7 +5,8 @@ of docs/semantics.md, lane by lane, which numba's loop would not keep; four vect
 float32 lanes side by side, the elements past the last whole run of lanes in masked loads,
 which read nothing past the channel. float32 elements, and float16 and bfloat16 ones as
 codec.py stores them, decoded a vector at a time.
-GlobalMaxPool's maximum of a channel's order keys (vector_key_max) goes the same way, and
+GlobalMaxPool's largest of a channel (vector_float_max, and vector_key_max over the order
+keys of 16-bit floats) goes the same way, and
 so does MaxPool's fold of input rows of 8- and 16-bit elements (row_fold_first,
 row_fold_more), whose rows of a hundred elements or so numba's loop left mostly to its
 scalar leftovers."""
@@ -257,6 +258,59 @@ def vector_key_max(typingctx, bits, start, count, magnitude_mask, sign_shift):
         results = [builder.call(_declare(builder, f"llvm.vector.reduce.smax.{suffix}", scalar,
                                          [vector]), [value]) for value in best]
         return context.make_tuple(builder, signature.return_type, results)
+
+    return signature, codegen
+
+
+@intrinsic
+def vector_float_max(typingctx, flat, start, count):
+    """``(flat, start, count) -> (largest, any NaN)`` over the float32 or float64 elements
+    flat[start:start + count] (count >= 1): the largest of those that are not NaN (-inf if
+    none), whose bits are those of the first of them unless it is a zero (+0 and -0
+    compare equal), and whether any is NaN: a compare and a maximum a 512-bit vector at a
+    time, where order keys (vector_key_max) take five integer operations; the last
+    elements in one masked load whose lanes past the end load -inf."""
+    if not (isinstance(flat, types.Array) and flat.dtype in (types.float32, types.float64)
+            and isinstance(start, types.Integer) and isinstance(count, types.Integer)):
+        return None
+    element = flat.dtype
+    signature = types.Tuple((element, types.boolean))(flat, types.uint64, types.uint64)
+    lanes = 512 // element.bitwidth
+    scalar = _F32 if element == types.float32 else ir.DoubleType()
+    vector = ir.VectorType(scalar, lanes)
+    flags = ir.VectorType(_I1, lanes)
+    suffix = f"v{lanes}f{element.bitwidth}"
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        start, count = args[1], args[2]
+        pointer = vector.as_pointer()
+        lowest = ir.Constant(vector, [float("-inf")] * lanes)
+
+        def vector_at(offset):
+            return builder.bitcast(builder.gep(data, [builder.add(start, offset)]), pointer)
+
+        def fold(values, loaded):
+            best, nan = values
+            # a NaN compares false: the kept value stays
+            best = builder.select(builder.fcmp_ordered(">", loaded, best), loaded, best)
+            return best, builder.or_(nan, builder.fcmp_unordered("uno", loaded, loaded))
+
+        values, whole = _vector_loop(
+            builder, count, lanes, [lowest, ir.Constant(flags, [0] * lanes)],
+            lambda i, values: fold(values, builder.load(vector_at(i), align=4)))
+        masked_load = _declare(builder, f"llvm.masked.load.{suffix}.p0", vector,
+                               [pointer, _I32, flags, vector])
+        loaded = builder.call(masked_load, [vector_at(whole), ir.Constant(_I32, 4),
+                                            _left_lanes(builder, count, whole, 0, lanes),
+                                            lowest])
+        best, nan = fold(values, loaded)
+        # no NaN among the lanes kept, and a NaN anywhere rescans: maxnum's reduction
+        largest = builder.call(_declare(builder, f"llvm.vector.reduce.fmax.{suffix}", scalar,
+                                        [vector]), [best], fastmath=("nnan",))
+        any_nan = builder.call(_declare(builder, f"llvm.vector.reduce.or.v{lanes}i1", _I1,
+                                        [flags]), [nan])
+        return context.make_tuple(builder, signature.return_type, [largest, any_nan])
 
     return signature, codegen
 
