@@ -23,9 +23,6 @@ from .maxima import fold_max
 from .sums import lp_root, lp_term
 from .vectors import LANES, add_to_lanes, block_sum, vector_float_max, vector_key_max
 
-# Runs of channels the parallel driver deals out, at most: the loops live in plain
-# functions, which numba optimizes better than code inside the parallel region.
-CHUNKS = 64
 # GlobalAveragePool's float32 sums: elements of a channel to a block (docs/semantics.md)
 BLOCK = 1024  # a multiple of vectors.LANES
 # Channels whose means block_sum_units divides in one loop, which vectorizes: 7x7 channels
