@@ -218,6 +218,16 @@ def _float32_block_mean(channel, dtype):
     return total / len(values)
 
 
+def test_global_average_float32_blocks_examples():
+    # docs/semantics.md's two examples: the lanes' tree meets 2**30 and -2**30 before 28
+    # joins, or 2**30 and 16 first, which float32 rounds to 2**30
+    x = np.array([2.0 ** 30, 16, -(2.0 ** 30), 12], np.float32).reshape(1, 1, 4)
+    assert numbapool.global_average_pool(x).reshape(-1).tolist() == [7.0]
+    x = np.zeros((1, 1, 34), np.float32)
+    x[0, 0, [0, 1, 32, 33]] = [2.0 ** 30, -(2.0 ** 30), 16, 12]
+    assert numbapool.global_average_pool(x).reshape(-1).tolist() == [0.0]
+
+
 @pytest.mark.parametrize("length", [1, 49, 64, 200, 1024, 1100, 2500])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
 def test_global_average_float32_blocks(dtype, length):
