@@ -226,7 +226,9 @@ global_max_pool.__doc__ = _GLOBAL_DOC.format(
     note=" A channel holding NaN gives NaN.")
 global_average_pool.__doc__ = _GLOBAL_DOC.format(
     op="GlobalAveragePool", what="mean", extra="", raises=_RAISES,
-    note=" The sum accumulates in float64 and is rounded once.")
+    note=("\n        float64 input sums in float64, in order; narrower dtypes sum blocks of 1024"
+          "\n        elements in float32, in a fixed order of 64 lanes, and add the blocks'"
+          "\n        sums in float64 (docs/semantics.md). The mean is rounded once."))
 global_lp_pool.__doc__ = _GLOBAL_DOC.format(
     op="GlobalLpPool", what="Lp norm", raises=_RAISES,
     extra="\n    p : float\n        Order of the norm, any real number > 0.",
