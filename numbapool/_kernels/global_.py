@@ -1,13 +1,14 @@
 """Global pools: one value per (n, c) over all spatial elements, ``x`` as (N*C, S).
 
-Sums accumulate in float64 whatever the dtype: a channel may hold millions of elements.
-A channel's result is that of adding its terms in order. Where the result is rounded to a
-narrower dtype, the terms are first added in whatever order vectorizes, with a bound on how
-far that sum can lie from the in-order one; when every sum within the bound rounds to the
-same result, that result is the in-order one. Of the other channels, a mean whose sum is
-exact in float64 in every order (sum_is_exact) keeps it; the rest are summed again in order.
-Otherwise channels are scanned GROUP at a time, element i of each in step, so that
-the independent in-order scans vectorize.
+GlobalMaxPool: a channel's largest in explicit vectors, taken again in order where a zero
+or a NaN makes the order matter (store_first_max). GlobalAveragePool of dtypes narrower
+than float64: float32 block sums in the order docs/semantics.md states (block_sum_units).
+GlobalLpPool, and GlobalAveragePool of float64, accumulate in float64, a channel's result
+that of adding its terms in order: where the result is rounded to a narrower dtype, the
+terms are first added in whatever order vectorizes, and when every sum within a bound of
+the in-order one rounds to the same result, that result is the in-order one; the rest are
+summed again in order (reordered_units). Otherwise channels are scanned GROUP at a time,
+element i of each in step, so that the independent in-order scans vectorize.
 """
 
 import numpy as np
@@ -297,7 +298,8 @@ def block_sum_continue(x, totals, lanes, start):
             # elements up to a lane 0 one by one, then whole runs of lanes in vectors
             head = min(run, (width - at % width) % width)
             for i in range(head):
-                row[(at + np.uint64(i)) % width] += np.float32(decode(flat[base + done + np.uint64(i)]))
+                element = flat[base + done + np.uint64(i)]
+                row[(at + np.uint64(i)) % width] += np.float32(decode(element))
             add_to_lanes(flat, base + done + head, run - head, row)
             done += run
             if at + run == block:
@@ -306,8 +308,8 @@ def block_sum_continue(x, totals, lanes, start):
 
 @kernel()
 def block_sum_finish(totals, lanes, size, y):
-    """The mean of each channel from block_sum_continue's sums, the last block's lanes
-    added first."""
+    """The mean of each channel from block_sum_continue's sums: a last block shorter than
+    BLOCK, still in its lanes, added before the division."""
     for nc in range(totals.shape[0]):
         total = totals[nc]
         if size % BLOCK:

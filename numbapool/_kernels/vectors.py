@@ -86,7 +86,6 @@ def _float32_vector(builder, loaded, storage):
 _STORED = {types.float32: (_V32, f"v{WIDTH}f32"),
            types.uint16: (ir.VectorType(ir.IntType(16), WIDTH), f"v{WIDTH}i16"),
            types.int16: (ir.VectorType(ir.IntType(16), WIDTH), f"v{WIDTH}i16")}
-STORAGE = tuple(_STORED)
 
 
 def _scratch(array_type, element):
@@ -133,8 +132,8 @@ def _add_to_lanes(builder, data, start, count, storage, lanes):
     for k, value in enumerate(values):
         before = builder.block
         with builder.if_then(builder.icmp_unsigned(">", left, ir.Constant(_I32, k * WIDTH))):
-            inside = builder.icmp_unsigned("<", ir.Constant(_VI32, list(range(k * WIDTH, (k + 1) * WIDTH))),
-                                           below_left)
+            lane_numbers = ir.Constant(_VI32, list(range(k * WIDTH, (k + 1) * WIDTH)))
+            inside = builder.icmp_unsigned("<", lane_numbers, below_left)
             loaded = builder.call(masked_load, [
                 vector_at(builder.add(whole, ir.Constant(_I64, k * WIDTH))), ir.Constant(_I32, 2),
                 inside, ir.Constant(stored, None)])
