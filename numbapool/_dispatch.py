@@ -486,13 +486,13 @@ def continue_global_sums(op: str, x: np.ndarray, dtype: np.dtype, sums: RunningS
     split over consecutive slabs, bit for bit. New arrays: the caller's stay as they were."""
     totals = np.array(sums.totals, dtype=np.float64)
     lanes = None if sums.lanes is None else np.array(sums.lanes, dtype=np.float32)
-    rows = channel_rows(x, dtype)
     if x.size:
+        rows = channel_rows(x, dtype)
         if lanes is None:
             global_.global_sum_continue(rows, totals, float(p), _p_kind(op, p))
         else:
             global_.block_sum_continue(rows, totals, lanes, np.uint64(sums.done))
-    return RunningSums(totals, lanes, sums.done + rows.shape[1])
+    return RunningSums(totals, lanes, sums.done + math.prod(x.shape[2:]))
 
 
 def finish_global_sums(op: str, sums: RunningSums, dtype: np.dtype, out_shape: tuple,
@@ -500,10 +500,10 @@ def finish_global_sums(op: str, sums: RunningSums, dtype: np.dtype, out_shape: t
     """The result of a global sum from its running sums over whole channels."""
     y = np.empty(out_shape, dtype=dtype)
     out = as_storage(y.reshape(-1), dtype)
-    totals = np.array(sums.totals, dtype=np.float64)
+    totals = np.ascontiguousarray(sums.totals, dtype=np.float64)  # only read
     if sums.lanes is None:
         global_.global_sum_finish(totals, np.uint64(sums.done), out, float(p), _p_kind(op, p))
-    else:
+    else:  # a copy of the lanes: the last block's tree empties them
         global_.block_sum_finish(totals, np.array(sums.lanes, dtype=np.float32),
                                  np.uint64(sums.done), out)
     return y

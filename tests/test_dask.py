@@ -136,6 +136,17 @@ def test_global_average_pieces_inside_float32_blocks(client):
             assert_bitwise_equal(client.compute(lazy).result(), numbapool.global_average_pool(x))
 
 
+@pytest.mark.parametrize("shape", [(0, 3, 4, 4), (2, 0, 4, 4)])
+def test_global_sums_of_empty_arrays(shape):
+    # no channels: the running sums pass over empty pieces, as the in-memory call returns
+    # an empty result of the right shape
+    x = np.zeros(shape, np.float32)
+    for in_memory, on_dask in (GLOBAL["GlobalAveragePool"], GLOBAL["GlobalLpPool"]):
+        got = on_dask(da.from_array(x, chunks=2)).compute(scheduler="synchronous")
+        expected = in_memory(x)
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+
+
 def test_output_chunks_are_regular():
     x = da.zeros((2, 3, 100, 60), chunks=(1, 2, 25, 30), dtype=np.float32)
     y = nd.max_pool(x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
