@@ -114,12 +114,13 @@ def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, s
 
 def global_sum_entry(p_kind, narrow):
     """The serial entry point of GlobalLpPool (p_kind 1 to 4: |x|, x ** 2, |x| ** 3,
-    |x| ** p), and of GlobalAveragePool (p_kind 0) for float64 results (narrower ones take
-    block_sum_units), compiled for its own kind (entry.py): for results ``narrow``er than
-    float64 and p_kind up to 2, reordered_units; else global_sum_units (float64 results
-    would need the exact sum, no gain; p_kind 3's root is not monotonic). Chosen here, not
-    by a branch in the kernel, which compiled the other kernel's loops too."""
-    return EntryPoint(reordered_units if narrow and p_kind <= 2 else global_sum_units,
+    |x| ** p), and of GlobalAveragePool (p_kind 0) in order (narrower results than float64
+    take block_sum_units), compiled for its own kind (entry.py): for LpPool results
+    ``narrow``er than float64 and p_kind up to 2, reordered_units, whose proof is the
+    roots'; else global_sum_units (float64 results would need the exact sum, no gain;
+    p_kind 3's root is not monotonic). Chosen here, not by a branch in the kernel, which
+    compiled the other kernel's loops too."""
+    return EntryPoint(reordered_units if narrow and 1 <= p_kind <= 2 else global_sum_units,
                       (p_kind,))
 
 
