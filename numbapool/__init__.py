@@ -64,10 +64,12 @@ def _as_array(x) -> np.ndarray:
     return x if isinstance(x, np.ndarray) else np.asarray(x)
 
 
-def _window(op: str, x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations, **extra):
-    x = _as_array(x)
+def _window(op: str, x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
+            count_include_pad=0, p=2, storage_order=0):
+    # arguments by position: this runs on every call, and a small call's time is this
+    x = x if isinstance(x, np.ndarray) else np.asarray(x)
     plan = _plan.window_plan(op, x.shape, x.dtype, kernel_shape, strides, pads, auto_pad,
-                             ceil_mode, dilations, **extra)
+                             ceil_mode, dilations, count_include_pad, p, storage_order)
     return plan, x
 
 
@@ -105,7 +107,7 @@ def max_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET", cei
              [13., 15.]]]], dtype=float32)
     """
     plan, x = _window("MaxPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
-                      storage_order=storage_order)
+                      0, 2, storage_order)
     return _dispatch.run_window(plan, x, bool(return_indices))
 
 
@@ -137,7 +139,7 @@ def average_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET",
              [10.5, 12.5]]]], dtype=float32)
     """
     plan, x = _window("AveragePool", x, kernel_shape, strides, pads, auto_pad, ceil_mode,
-                      dilations, count_include_pad=count_include_pad)
+                      dilations, count_include_pad)
     return _dispatch.run_window(plan, x)
 
 
@@ -168,7 +170,7 @@ def lp_pool(x, kernel_shape, *, p=2, strides=None, pads=None, auto_pad="NOTSET",
     array([[[5., 5.]]])
     """
     plan, x = _window("LpPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
-                      p=p)
+                      0, p)
     return _dispatch.run_window(plan, x)
 
 

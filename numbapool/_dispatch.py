@@ -106,6 +106,8 @@ class Launch(NamedTuple):
     arguments: tuple  # its trailing arguments, its kinds last
     indices_arguments: tuple  # MaxPool's: (entry point with Indices, its arguments after them)
     compiled: dict  # per Indices?, as met: the entry point and ("driver", Indices?) its driver
+    rows_shape: tuple  # (N*C, prod(spatial in)): the input as the kernels take it
+    storage: np.dtype | None  # the dtype the kernels see the arrays as, if not the plan's
 
 
 def _launch(plan: WindowPlan, threads: int) -> Launch:
@@ -142,8 +144,9 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
         special = _columns_special(plan) if plan.op == "MaxPool" else None
     if special is not None:
         entry, arguments = special[0], (*special[1], block, *special[0].kinds)
-    launch = plan.launches[threads] = Launch(units, chunks, entry, arguments, indices_arguments,
-                                             {})
+    launch = plan.launches[threads] = Launch(
+        units, chunks, entry, arguments, indices_arguments, {},
+        (plan.in_shape[0] * plan.in_shape[1], math.prod(plan.spatial_in)), _STORAGE.get(plan.dtype))
     return launch
 
 
@@ -281,23 +284,39 @@ def _p_kind(op: str, p: float) -> int:
 
 
 def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
+    """A windowed pooling call from its plan to the kernel.
+
+    A repeated call runs only these lines, a few microseconds in all, which is the whole
+    time of a small call: what does not depend on the arrays is looked up once
+    (``plan.launches``), and the steps are few."""
     y = np.empty(plan.out_shape, dtype=plan.dtype)
     indices = np.empty(plan.out_shape, dtype=np.int64) if return_indices else None
     if y.size == 0:
         return (y, indices) if return_indices else y
-    rows_in = channel_rows(x, plan.dtype)
-    rows_out = as_storage(y.reshape(rows_in.shape[0], -1), plan.dtype)
+    launches = plan.launches
     # a small call runs on this thread: its split need not depend on the thread count
-    threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
+    serial = launches.get("serial")
+    if serial is None:
+        serial = _runs_serially(plan)
+    threads = 1 if serial else _threads.get_num_threads()
     # unpacked, not read by name: this runs on every call
-    units, chunks, entry, arguments, indices_arguments, compiled = _launch(plan, threads)
+    (units, chunks, entry, arguments, indices_arguments, compiled, rows_shape,
+     storage) = launches.get(threads) or _launch(plan, threads)
+    # a view when x is C-ordered and native; otherwise one copy, which leaves x as it was
+    rows_in = np.ascontiguousarray(x, plan.dtype).reshape(rows_shape)
+    rows_out = y.reshape(rows_shape[0], -1)
+    if storage is not None:
+        rows_in, rows_out = rows_in.view(storage), rows_out.view(storage)
     if return_indices:  # the kernels without Indices track no winning taps
         entry, indices_rest = indices_arguments
-        arguments = (indices.reshape(rows_in.shape[0], -1), *indices_rest)
+        arguments = (indices.reshape(rows_shape[0], -1), *indices_rest)
     arguments = (rows_in, rows_out, *arguments)
     function, address = (compiled.get(return_indices)
                          or compiled.setdefault(return_indices, entry.compile(arguments)))
-    guarded = _threads.enter_parallel(threads) if chunks else None
+    if not chunks:
+        function(0, units, *arguments)
+        return (y, indices) if return_indices else y
+    guarded = _threads.enter_parallel(threads)
     try:
         if guarded is None:
             function(0, units, *arguments)

@@ -40,9 +40,9 @@ def execution_path(request, monkeypatch):
     monkeypatch.setattr(_dispatch, "_SERIAL_WORK", threshold)
     # a driver compiles before the call that needs it, which then runs through it
     monkeypatch.setattr(parallel, "COMPILE_IN_BACKGROUND", False)
-    _plan._cached_window_plan.cache_clear()
+    _plan._WINDOW_PLANS.clear()
     yield request.param
-    _plan._cached_window_plan.cache_clear()
+    _plan._WINDOW_PLANS.clear()
 
 
 def pytest_collection_modifyitems(items):
