@@ -229,9 +229,10 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
         else:
             _fold_column_rows(columns, lo, hi, plane if planes else source, row_starts,
                               inside_rows, vector_fold)
-            if prefetching and not planes:  # the rows the next units read (prefetch.py)
+            if prefetching and not planes:
+                # the rows the next units read: as many as an output row steps over
                 prefetch_ahead(source, np.uint64(row_starts[inside_rows - 1]),
-                               np.uint64(hi - lo))
+                               np.uint64((hi - lo) * axes[AXIS_STRIDE, last - 1]))
         for i in range(lo):
             columns[np.uint64(i)] = lowest
         for i in range(hi, span):

@@ -14,7 +14,7 @@ their taps one by one, in the generic kernels' order: the results are the same, 
 import numpy as np
 from numba import njit
 
-from .._plan import AXIS_IN, AXIS_PAD_BEGIN
+from .._plan import AXIS_IN, AXIS_PAD_BEGIN, AXIS_STRIDE
 from . import kernel
 from .entry import EntryPoint
 from .codec import as_accumulator, decode, encode
@@ -35,14 +35,15 @@ def _fixed_layout(axes):
 
 
 @njit(inline="always")
-def prefetch_window_rows(source, row_offset, row_length, plane, depth, height):
-    """Ask for the input rows the next output rows read: those past the window's last
-    input row (prefetch_ahead). Whatever the input's size: with the count 0 for inputs
-    under PREFETCH_INPUT_BYTES, as the columns kernel does, vgg ran 1.2-1.4x slower (the
-    same count for it: the compiled loops differ), where inputs in the caches lose 1-4%
-    to it."""
+def prefetch_window_rows(source, row_offset, row_length, plane, depth, height, rows):
+    """Ask for the input rows the next output rows read: ``rows`` rows (the step between
+    output rows) past the window's last input row (prefetch_ahead). Whatever the input's
+    size: with the count 0 for inputs under PREFETCH_INPUT_BYTES, as the columns kernel
+    does, vgg ran 1.2-1.4x slower (the same count for it: the compiled loops differ), where
+    inputs in the caches lose 1-4% to it."""
     prefetch_ahead(source, np.uint64(row_offset + (depth - 1) * plane
-                                     + (height - 1) * row_length), np.uint64(row_length))
+                                     + (height - 1) * row_length),
+                   np.uint64(rows * row_length))
 
 
 # The window's size and step (and the sums' kind of p) arrive as literal arguments
@@ -70,7 +71,8 @@ def fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets,
                             best = fold_max(best, source[
                                 at + np.uint64(d * plane + r * row_length + w)])
                 out[np.uint64(out_first + o)] = best
-            prefetch_window_rows(source, row_offset, row_length, plane, depth, height)
+            prefetch_window_rows(source, row_offset, row_length, plane, depth, height,
+                                 axes[AXIS_STRIDE, last - 1])
         for o in range(first, lo):
             out[np.uint64(out_first + o)] = border_max(
                 o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets)
