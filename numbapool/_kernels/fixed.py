@@ -20,7 +20,7 @@ from .entry import EntryPoint
 from .codec import as_accumulator, decode, encode
 from .units import first_unit_row, interior_outputs, interior_span, unit_row
 from .maxima import border_max, fold_max
-from .prefetch import prefetch_ahead
+from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead
 from .sums import (border_sum, leading_divisor, lp_root, mean_at, queue_roots, root_queue,
                    term_at)
 
@@ -120,6 +120,7 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets
     p = as_accumulator(p, zero)
     queue = root_queue(p_kind, block)
     queued = 0
+    prefetching = x.size * x.itemsize >= PREFETCH_INPUT_BYTES
     starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = unit_row(
@@ -132,6 +133,9 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets
             _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_length,
                            plane, depth, height, width, zero, p, p_kind, leading, x, y,
                            queue, queue_base)
+            if prefetching:
+                prefetch_window_rows(source, row_offset, row_length, plane, depth, height,
+                                     axes[AXIS_STRIDE, last - 1])
         for o in range(first, end):
             if lo <= o < hi:
                 continue

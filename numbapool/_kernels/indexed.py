@@ -21,6 +21,7 @@ from .._plan import AXIS_EXTENT, AXIS_INDEX_STRIDE
 from . import kernel
 from .codec import decode
 from .maxima import keeps
+from .prefetch import AHEAD_BYTES, PREFETCH_INPUT_BYTES, prefetch_ahead
 from .scratch import empty
 from .units import first_pass_or, plane_axes, ring_slot, ring_slots, window_rows
 
@@ -90,14 +91,20 @@ def indexed_max_units(unit_begin, unit_end, x, y, indices, lowest, axes, tap_out
     source = x.reshape(x.size)
     out = y.reshape(y.size)
     out_indices = indices.reshape(indices.size)
+    # rows longer than the distance ahead are long streams, which the hardware prefetchers
+    # follow (MaxPool 1-D k3 s2 over rows of 16000 float32 ran 1.02-1.03x slower with it)
+    prefetching = (x.size * x.itemsize >= PREFETCH_INPUT_BYTES
+                   and width * x.itemsize < AHEAD_BYTES)
     plane = -1
     next_row = 0  # the plane's next input row without its maxima in the ring
     for unit in range(unit_begin, unit_end):
         plane, _, inside_top, inside_end, next_row = window_rows(
             unit, plane, next_row, out_height, row_step, top, window_height, height)
         while next_row < inside_end:
-            _split_row(source, np.uint64((plane * height + next_row) * width), split, width,
-                       column_step)
+            row_start = np.uint64((plane * height + next_row) * width)
+            _split_row(source, row_start, split, width, column_step)
+            if prefetching:
+                prefetch_ahead(source, row_start, np.uint64(width))
             slot_at = ring_slot(next_row, slots, out_width)
             # no tap inside yet (-1) where the first tap is not inside
             first_run, end_run = tap_outputs[0, 0], tap_outputs[0, 1]
