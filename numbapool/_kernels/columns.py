@@ -17,7 +17,7 @@ from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INPUT_STRIDE, AXI
                      AXIS_PAD_BEGIN, AXIS_STRIDE)
 from . import kernel
 from .codec import decode
-from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead
+from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead, prefetch_range
 from .scratch import empty, full
 from .units import first_unit_row, tap_is_inside, unit_row
 from .maxima import any_tie, border_max, fold_max_function, is_tie, max_run, start_maxima
@@ -78,10 +78,12 @@ PLANE_ELEMENTS = 1 << 16
 
 @kernel()  # not inlined: once per run of units, and column_units' loops compile smaller
 def fold_outer_planes(plane, source, row_offset, starts, axes, taps, tap_offsets, plane_starts,
-                      plane_taps):
+                      plane_taps, prefetching):
     """plane = the element-wise maximum of the input planes (the last two axes, whole)
     under the window's taps along the axes before them; ``plane_taps`` taps apart in the
-    tap table. Returns False when none of them lies inside the input."""
+    tap table. Returns False when none of them lies inside the input. With
+    ``prefetching``, asks for the planes the next output plane steps over, past the last
+    one folded."""
     height = axes.shape[1] - 2
     # input offset of the window's start along the outer axes, height start taken out
     outer = row_offset - starts[height] * axes[AXIS_INPUT_STRIDE, height]
@@ -93,6 +95,9 @@ def fold_outer_planes(plane, source, row_offset, starts, axes, taps, tap_offsets
     if count > 0:
         # whole planes: numba's loop, whose leftovers are few next to a plane
         _fold_column_rows(plane, 0, plane.size, source, plane_starts, count, False)
+        if prefetching:
+            prefetch_range(source, np.uint64(plane_starts[count - 1] + plane.size),
+                           np.uint64(plane.size * axes[AXIS_STRIDE, height - 1]))
     return count > 0
 
 
@@ -210,7 +215,8 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
             if key != plane_state[0]:
                 plane_state[0] = key
                 plane_state[1] = fold_outer_planes(plane, source, row_offset, starts, axes, taps,
-                                                   tap_offsets, row_starts, k_height * k_last)
+                                                   tap_offsets, row_starts, k_height * k_last,
+                                                   prefetching)
             for row in range(k_height):
                 h = starts[height] + row * axes[AXIS_DILATION, height]
                 if plane_state[1] and 0 <= h < axes[AXIS_IN, height]:

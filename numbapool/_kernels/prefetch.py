@@ -32,6 +32,24 @@ def prefetch(typingctx, array, index):
     return types.void(array, index), codegen
 
 
+def prefetch_range(flat, start, count):
+    """Ask for the cache lines of flat[start:start + count]."""
+
+
+@overload(prefetch_range, inline="always")
+def _prefetch_range_overload(flat, start, count):
+    # in elements of this dtype, as a constant: an array's itemsize is read at run time
+    line = np.uint64(LINE_BYTES * 8 // flat.dtype.bitwidth)
+
+    def impl(flat, start, count):
+        offset = np.uint64(0)
+        while offset < count:  # not a range with a step: that divides for its count
+            prefetch(flat, start + offset)
+            offset += line
+
+    return impl
+
+
 def prefetch_ahead(flat, start, count):
     """Ask for the cache lines of flat[start:start + count] shifted AHEAD_BYTES on: the
     data a loop over short stretches (say, channels of 7x7) reaches next, which the
@@ -40,15 +58,10 @@ def prefetch_ahead(flat, start, count):
 
 @overload(prefetch_ahead, inline="always")
 def _prefetch_ahead_overload(flat, start, count):
-    # in elements of this dtype, as constants: an array's itemsize is read at run time
     ahead = np.uint64(AHEAD_BYTES * 8 // flat.dtype.bitwidth)
-    line = np.uint64(LINE_BYTES * 8 // flat.dtype.bitwidth)
 
     def impl(flat, start, count):
-        offset = np.uint64(0)
-        while offset < count:  # not a range with a step: that divides for its count
-            prefetch(flat, start + ahead + offset)
-            offset += line
+        prefetch_range(flat, start + ahead, count)
 
     return impl
 
