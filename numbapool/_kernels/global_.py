@@ -16,7 +16,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from .codec import decode, encode
-from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead
+from .prefetch import prefetch_ahead
 from .scratch import empty
 from . import kernel
 from .entry import EntryPoint
@@ -33,6 +33,10 @@ BLOCK_GROUP = 64
 GROUP = 16
 # Channels up to this many elements are short: their loops ask for memory ahead
 SHORT_CHANNEL = 2048
+# Inputs of short channels from this size on ask for memory ahead (global_max_units); not
+# the windowed kernels' lower prefetch.PREFETCH_INPUT_BYTES, with which the global max over
+# 32x2048x7x7 (12.8 MB) took 1.15x as long
+SHORT_CHANNELS_AHEAD_BYTES = 16 << 20
 # 2**-53, the unit roundoff of float64
 EPSILON = np.finfo(np.float64).eps / 2
 
@@ -102,7 +106,7 @@ def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, s
     # short channels of an input past a share of the caches: their loads wait on memory
     # (128x2048x7x7, 51 MB: 1.10x slower without), where inputs that stay in the caches
     # gain nothing from asking ahead (32x2048x7x7, 12.8 MB: 0.94 without)
-    ahead = x.shape[1] <= SHORT_CHANNEL and x.size * x.itemsize >= PREFETCH_INPUT_BYTES
+    ahead = x.shape[1] <= SHORT_CHANNEL and x.size * x.itemsize >= SHORT_CHANNELS_AHEAD_BYTES
     for nc in range(begin, end):
         base = np.uint64(nc) * size
         if ahead:
