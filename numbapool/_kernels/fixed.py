@@ -136,9 +136,11 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets
             if prefetching:
                 prefetch_window_rows(source, row_offset, row_length, plane, depth, height,
                                      axes[AXIS_STRIDE, last - 1])
-        for o in range(first, end):
-            if lo <= o < hi:
-                continue
+        # the outputs before lo and from hi on, in one loop: one copy of its body, and no
+        # pass over the interior's outputs to skip them
+        before = lo - first
+        for k in range(before + end - hi):
+            o = first + k if k < before else hi + k - before
             total = border_sum(o, row_offset, row_inside, starts, zero, p, p_kind, source,
                                axes, taps, tap_offsets, width)
             if p_kind == 0:
