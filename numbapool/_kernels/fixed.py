@@ -64,12 +64,15 @@ def fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets,
             lo, hi = interior_span(first, end, interior)
             for o in range(lo, hi):
                 at = np.uint64(row_offset + o * step - pad)
-                best = lowest
+                # from the first tap, not from ``lowest``: folding any element into lowest
+                # gives that element, bit for bit, and the unrolled taps fold one less
+                best = source[at]
                 for d in range(depth):
                     for r in range(height):
                         for w in range(width):
-                            best = fold_max(best, source[
-                                at + np.uint64(d * plane + r * row_length + w)])
+                            if d + r + w > 0:
+                                best = fold_max(best, source[
+                                    at + np.uint64(d * plane + r * row_length + w)])
                 out[np.uint64(out_first + o)] = best
             prefetch_window_rows(source, row_offset, row_length, plane, depth, height,
                                  axes[AXIS_STRIDE, last - 1])
