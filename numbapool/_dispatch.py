@@ -144,9 +144,9 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
         special = _columns_special(plan) if plan.op == "MaxPool" else None
     if special is not None:
         entry, arguments = special[0], (*special[1], block, *special[0].kinds)
-    launch = plan.launches[threads] = Launch(
-        units, chunks, entry, arguments, indices_arguments, {},
-        (plan.in_shape[0] * plan.in_shape[1], math.prod(plan.spatial_in)), _STORAGE.get(plan.dtype))
+    rows_shape = (plan.in_shape[0] * plan.in_shape[1], math.prod(plan.spatial_in))
+    launch = plan.launches[threads] = Launch(units, chunks, entry, arguments, indices_arguments,
+                                             {}, rows_shape, _STORAGE.get(plan.dtype))
     return launch
 
 
