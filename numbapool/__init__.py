@@ -67,7 +67,7 @@ def _as_array(x) -> np.ndarray:
 def _window(op: str, x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
             count_include_pad=0, p=2, storage_order=0):
     # arguments by position: this runs on every call, and a small call's time is this
-    x = x if isinstance(x, np.ndarray) else np.asarray(x)
+    x = _as_array(x)
     plan = _plan.window_plan(op, x.shape, x.dtype, kernel_shape, strides, pads, auto_pad,
                              ceil_mode, dilations, count_include_pad, p, storage_order)
     return plan, x
