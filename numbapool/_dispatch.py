@@ -293,15 +293,11 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     indices = np.empty(plan.out_shape, dtype=np.int64) if return_indices else None
     if y.size == 0:
         return (y, indices) if return_indices else y
-    launches = plan.launches
     # a small call runs on this thread: its split need not depend on the thread count
-    serial = launches.get("serial")
-    if serial is None:
-        serial = _runs_serially(plan)
-    threads = 1 if serial else _threads.get_num_threads()
+    threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
     # unpacked, not read by name: this runs on every call
     (units, chunks, entry, arguments, indices_arguments, compiled, rows_shape,
-     storage) = launches.get(threads) or _launch(plan, threads)
+     storage) = _launch(plan, threads)
     # a view when x is C-ordered and native; otherwise one copy, which leaves x as it was
     rows_in = np.ascontiguousarray(x, plan.dtype).reshape(rows_shape)
     rows_out = y.reshape(rows_shape[0], -1)
