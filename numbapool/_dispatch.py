@@ -52,8 +52,10 @@ _SUM_POOLS = {(p_kind, three_taps): EntryPoint(sums.sum_pool_units, (p_kind, thr
 _INDEXED_MAX = {step: EntryPoint(indexed.indexed_max_units, (step,)) for step in (1, 2)}
 _GLOBAL_MAX = EntryPoint(global_.global_max_units, inputs=2)  # x and its bits
 _BLOCK_SUMS = EntryPoint(global_.block_sum_units)  # GlobalAveragePool narrower than float64
-# AveragePool's 3x3 windows over small planes, per stride along the rows (1 or 2)
-_PLANE_MEANS = {step: EntryPoint(planes.plane_mean_units, (step,)) for step in (1, 2)}
+# AveragePool's and LpPool's (p = 2) 3x3 windows over small planes, per (kind of p:
+# AveragePool's 0, LpPool's 2, stride along the rows: 1 or 2)
+_PLANE_SUMS = {(p_kind, step): EntryPoint(planes.plane_sum_units, (p_kind, step))
+               for p_kind in (0, 2) for step in (1, 2)}
 # the wide windows' kernel per (kind of p: AveragePool's 0, LpPool's 2, stride along
 # the rows: wide.COLUMN_STEPS)
 _WIDE_SUMS = {(p_kind, step): EntryPoint(wide.wide_sum_units, (p_kind, step))
@@ -61,7 +63,7 @@ _WIDE_SUMS = {(p_kind, step): EntryPoint(wide.wide_sum_units, (p_kind, step))
 # the kernels whose units must be whole output rows
 # MaxPool's stride-1 2-D windows over small planes, with and without the retake of ties
 _MAX_PLANES = {check: EntryPoint(max_planes.max_plane_units, (check,)) for check in (False, True)}
-_ROW_KERNELS = (*_PLANE_MEANS.values(), *_WIDE_SUMS.values(), *_MAX_PLANES.values())
+_ROW_KERNELS = (*_PLANE_SUMS.values(), *_WIDE_SUMS.values(), *_MAX_PLANES.values())
 
 # Global pooling calls seen, keyed by (op, shape, dtype, p): see _global_call
 _GLOBAL_CALLS: dict = {}
@@ -211,9 +213,12 @@ def _three_taps(plan: WindowPlan) -> bool:
 
 
 def _plane_window(plan: WindowPlan) -> bool:
-    """Whether planes.plane_mean_units serves the window: 3x3 taps, strides of 1 or 2, no
-    dilation, pads of 0 or 1, over planes of 2x2 to planes.PLANE_ELEMENTS elements."""
-    return (plan.kernel_shape == (3, 3) and max(plan.strides) <= 2 and plan.dilations == (1, 1)
+    """Whether planes.plane_sum_units serves the window: AveragePool's or LpPool's with
+    p = 2, 3x3 taps, strides of 1 or 2, no dilation, pads of 0 or 1, over planes of 2x2 to
+    planes.PLANE_ELEMENTS elements."""
+    return ((plan.op == "AveragePool" or (plan.op == "LpPool" and plan.p == 2.0))
+            and plan.kernel_shape == (3, 3) and max(plan.strides) <= 2
+            and plan.dilations == (1, 1)
             and max(plan.pads_begin + plan.pads_end) <= 1 and min(plan.spatial_in) >= 2
             and math.prod(plan.spatial_in) <= planes.PLANE_ELEMENTS)
 
@@ -358,8 +363,9 @@ def _specialized(plan: WindowPlan):
     """(serial entry point, its arguments but the block and its kinds) for a call without Indices
     that a specialized kernel serves, else None; kept on the plan, so that a repeated call
     does no work here. Measured faster than the rank-generic kernels (docs/performance.md):
-    a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool, LpPool), AveragePool's 3x3 windows
-    at strides of 1 or 2 over small planes (planes.plane_mean_units), AveragePool's other
+    a window in fixed.FIXED_WINDOWS (MaxPool, AveragePool, LpPool), AveragePool's and
+    LpPool's (p = 2) 3x3 windows at strides of 1 or 2 over small planes
+    (planes.plane_sum_units), AveragePool's other
     2-D windows and LpPool's with p = 2 at the steps along the rows of _wide_window, and
     their 1-D ones at steps 2 and 4 (wide.wide_sum_units), else, for every other MaxPool,
     the input-rows-first columns.column_units for its kind."""
@@ -383,9 +389,10 @@ def _specialized(plan: WindowPlan):
             special = (sum_units[_p_kind(plan.op, plan.p)],
                        (float(plan.p), _sum_zero(plan), g["axes"], g["taps"], g["tap_offsets"],
                         g["divisor_counts"]))
-    elif plan.op == "AveragePool" and _plane_window(plan):
-        special = (_PLANE_MEANS[plan.strides[-1]],
-                   (_sum_zero(plan), g["axes"], g["divisor_counts"]))
+    elif _plane_window(plan):
+        zero = _sum_zero(plan)
+        special = (_PLANE_SUMS[_p_kind(plan.op, plan.p), plan.strides[-1]],
+                   (zero, zero.dtype.type(plan.p), g["axes"], g["divisor_counts"]))
     elif plan.op != "MaxPool" and _wide_window(plan):
         zero = _sum_zero(plan)
         rows = _rows_geometry(plan)

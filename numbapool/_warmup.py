@@ -43,7 +43,7 @@ def _windows():
     every windowed kernel: the rank-generic ones (a padded 3x3 window; a window over one
     axis at a step of 3 for AveragePool's windows of another width, LpPool's p = 2 and
     MaxPool with Indices, which the row kernels take over two axes and, at steps of 1 and
-    2, over one), AveragePool's 3x3 windows over small planes
+    2, over one), AveragePool's and LpPool's (p = 2) 3x3 windows over small planes
     at strides 1 and 2 (planes.py: a plane of 64x64 is past the parallel threshold),
     MaxPool's stride-1 windows over small planes (max_planes.py: the padded 3x3 window over
     4x4 planes, a padded 5x5 one over 32x32 past the parallel threshold), each
@@ -62,8 +62,8 @@ def _windows():
     yield [3, 3], [1, 1], [1, 1, 1, 1], every_p, sides
     yield [4], [3], None, (2,), sides
     yield [4], [4], None, (2,), sides
-    yield [3, 3], [1, 1], [1, 1, 1, 1], (), (64,)
-    yield [3, 3], [2, 2], [1, 1, 1, 1], (), (4, 64)
+    yield [3, 3], [1, 1], [1, 1, 1, 1], (2,), (64,)
+    yield [3, 3], [2, 2], [1, 1, 1, 1], (2,), (4, 64)
     yield [5, 5], [1, 1], [2, 2, 2, 2], (), (4, 32)
     for depth, height, width, step in fixed.FIXED_WINDOWS:
         kernel = [height, width] if depth == 1 else [depth, height, width]

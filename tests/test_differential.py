@@ -405,10 +405,10 @@ def _on_two_threads(plan, call):
         return result, _dispatch._launch(plan, threads)
 
 
-def _check_row_kernel(op, x, attrs, entries, chooser):
+def _check_row_kernel(op, x, attrs, entries, *choosers):
     """AveragePool or LpPool on two threads through the kernels of ``_dispatch.<entries>``
     (a kernel whose units are whole output rows): the reference's values, and the bits of
-    the generic kernel, run with ``_dispatch.<chooser>`` turning it away."""
+    the generic kernel, run with each ``_dispatch.<chooser>`` turning its kernel away."""
     from numbapool import _dispatch
 
     function = {"AveragePool": numbapool.average_pool, "LpPool": numbapool.lp_pool}[op]
@@ -420,7 +420,8 @@ def _check_row_kernel(op, x, attrs, entries, chooser):
     assert launch.entry in getattr(_dispatch, entries).values()
     with numbapool.threads(2):
         generic = _generic_result(function, x, attrs, plan,
-                                  (_dispatch, chooser, lambda plan: False))
+                                  *((_dispatch, chooser, lambda plan: False)
+                                    for chooser in choosers))
     _assert_same_sums(got, generic)
     # LpPool adds in float64: its reference's tolerance alone
     accumulation = _average_accumulation(x, attrs) if op == "AveragePool" else 0.0
@@ -430,10 +431,11 @@ def _check_row_kernel(op, x, attrs, entries, chooser):
 @SETTINGS
 @given(st.data())
 def test_plane_kernel(data):
-    """AveragePool's 3x3 windows at strides of 1 and 2 over small planes run a plane's rows
-    at once (planes.plane_mean_units): the reference's values, and the bits of the generic
-    kernel, zeros' signs included."""
+    """AveragePool's and LpPool's (p = 2) 3x3 windows at strides of 1 and 2 over small
+    planes run a plane's rows at once (planes.plane_sum_units): the reference's values,
+    and the bits of the generic kernel, zeros' signs included."""
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
+    op = data.draw(st.sampled_from(["AveragePool", "LpPool"]))
     # channels enough that the output rows are whole units on two threads (_work_split)
     shape = (data.draw(st.integers(1, 2)), 8, data.draw(st.integers(2, 8)),
              data.draw(st.integers(2, 8)))
@@ -441,9 +443,28 @@ def test_plane_kernel(data):
     attrs = dict(kernel_shape=[3, 3],
                  strides=data.draw(st.lists(st.integers(1, 2), min_size=2, max_size=2)),
                  pads=data.draw(st.lists(st.integers(0, 1), min_size=4, max_size=4)),
-                 ceil_mode=data.draw(st.integers(0, 1)),
-                 count_include_pad=data.draw(st.integers(0, 1)))
-    _check_row_kernel("AveragePool", x, attrs, "_PLANE_MEANS", "_plane_window")
+                 ceil_mode=data.draw(st.integers(0, 1)))
+    if op == "AveragePool":
+        attrs["count_include_pad"] = data.draw(st.integers(0, 1))
+    else:
+        attrs["p"] = 2
+    _check_row_kernel(op, x, attrs, "_PLANE_SUMS", "_plane_window", "_wide_window")
+
+
+@pytest.mark.parametrize("op", ["AveragePool", "LpPool"])
+@pytest.mark.parametrize("step", [1, 2])
+def test_plane_kernel_runs(op, step):
+    """Planes whose row sums outgrow planes.RUN_BYTES (96 float64 a row: 21 rows at step 1)
+    take their output rows in runs, each making its own input rows' sums: the same values
+    as in one run."""
+    from numbapool._kernels import planes
+
+    x = np.random.default_rng(7).standard_normal((1, 8, 90, 96))
+    assert 90 * 96 * 8 > planes.RUN_BYTES
+    attrs = dict(kernel_shape=[3, 3], strides=[step, step], pads=[1, 0, 0, 1])
+    if op == "LpPool":
+        attrs["p"] = 2
+    _check_row_kernel(op, x, attrs, "_PLANE_SUMS", "_plane_window", "_wide_window")
 
 
 @SETTINGS
@@ -479,6 +500,9 @@ def test_wide_window_kernel(data):
     else:
         attrs["p"] = 2
     assume(kernel_shape != [2, 2] or strides[1] == 1)  # 2x2 at step 2: fixed.py
+    # LpPool's 3x3 windows at strides of 1 and 2 with pads of 0 or 1: planes.py
+    assume(op == "AveragePool" or kernel_shape != [3, 3] or max(strides) > 2
+           or max(attrs["pads"]) > 1)
     _check_row_kernel(op, x, attrs, "_WIDE_SUMS", "_wide_window")
 
 

@@ -105,7 +105,7 @@ def test_a_second_process_compiles_nothing(tmp_path, monkeypatch):
     # the parallel driver and the kernels it calls are among what they compiled
     assert {"run_in_parallel", "max_pool_units_with_indices", "sum_pool_units",
             "global_max_units", "global_sum_units", "max_unpool", "column_units",
-            "fixed_max_units", "fixed_sum_units", "plane_mean_units",
+            "fixed_max_units", "fixed_sum_units", "plane_sum_units",
             "wide_sum_units", "indexed_max_units", "max_plane_units",
             "block_sum_units"} <= maxima | sums
     filled = _cache_files()

@@ -48,6 +48,15 @@ def lp_root(total, p, p_kind):
     return total ** (1 / p)
 
 
+@njit(inline="always")
+def window_output(total, o, p, p_kind, row_divisors, y):
+    """Output o of a row from its window's total: the mean (``p_kind`` 0, by
+    row_divisors[o]) or the root, rounded once to the dtype of ``y``."""
+    if p_kind == 0:
+        return encode(total / row_divisors[o], y)
+    return encode(lp_root(total, p, p_kind), y)
+
+
 # cube_root's shortcut: totals in [CUBE_LOW, CUBE_HIGH], whose roots' cubes stay normal
 CUBE_LOW = 2.0 ** -900
 CUBE_HIGH = 2.0 ** 900
@@ -197,14 +206,16 @@ def _row_window_sums(source, row_start, target, base, first, lo, hi, width, step
 
 
 @njit(inline="always")
-def border_row_sum(source, row_start, o, width, axes, zero):
-    """AveragePool's row sum for output o, its taps checked one by one (dilation 1)."""
+def border_row_sum(source, row_start, o, width, axes, zero, p, p_kind):
+    """The row sum of output o's terms (lp_term), its taps checked one by one (dilation
+    1)."""
     last = axes.shape[1] - 1
     total = zero
     at = o * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
     for w in range(width):
         if 0 <= at + w < axes[AXIS_IN, last]:
-            total += as_accumulator(decode(source[np.uint64(row_start + at + w)]), zero)
+            total += lp_term(as_accumulator(decode(source[np.uint64(row_start + at + w)]), zero),
+                             p, p_kind)
     return total
 
 
@@ -222,9 +233,11 @@ def three_tap_row_sums(source, row_start, first, end, step, target, base, zero, 
         _row_window_sums(source, row_start, target, base, first, lo, hi, 3, np.uint64(2), axes,
                          zero)
     for o in range(first, lo):
-        target[base + np.uint64(o - first)] = border_row_sum(source, row_start, o, 3, axes, zero)
+        target[base + np.uint64(o - first)] = border_row_sum(source, row_start, o, 3, axes, zero,
+                                                             zero, 0)
     for o in range(hi, end):
-        target[base + np.uint64(o - first)] = border_row_sum(source, row_start, o, 3, axes, zero)
+        target[base + np.uint64(o - first)] = border_row_sum(source, row_start, o, 3, axes, zero,
+                                                             zero, 0)
 
 
 @kernel()  # not inlined, as max_over_last_axis

@@ -26,8 +26,8 @@ from numba import njit
 
 from .._plan import AXIS_EXTENT
 from . import kernel
-from .codec import accumulator_array, as_accumulator, decode, encode
-from .sums import divisor_row, lp_root, lp_term
+from .codec import accumulator_array, as_accumulator, decode
+from .sums import divisor_row, lp_term, window_output
 from .units import first_pass_or, plane_axes, ring_slot, ring_slots, window_rows
 
 # The strides along the rows compiled as kinds of their own, each with its loads constant:
@@ -73,19 +73,11 @@ def _add_taps(padded, tap, taps, sums, at, out_width, step, zero, first):
 
 
 @njit(inline="always")
-def _finish(total, o, p, p_kind, row_divisors, y):
-    """An output from its window's total: the mean (p_kind 0) or the root, rounded once."""
-    if p_kind == 0:
-        return encode(total / row_divisors[o], y)
-    return encode(lp_root(total, p, p_kind), y)
-
-
-@njit(inline="always")
 def _add_rows(sums, first, rows, slots, totals, out_width, zero, start, last, out, out_at, p,
               p_kind, row_divisors, y):
     """totals[o] += the row sums of ``rows`` (0 to 3) input rows from ``first``, in order,
     each from its slot of the ring, for o < out_width; at the ``start``, the totals start
-    from ``zero``; at the ``last`` rows, they go to out[out_at + o] (_finish), not to
+    from ``zero``; at the ``last`` rows, they go to out[out_at + o] (sums.window_output), not to
     ``totals``. Every slot is loaded, ``rows`` choosing the terms by selects: one loop, not
     one per count of rows."""
     width = np.uint64(out_width)
@@ -99,7 +91,7 @@ def _add_rows(sums, first, rows, slots, totals, out_width, zero, start, last, ou
         total = total + second if rows >= 2 else total
         total = total + third if rows == 3 else total
         if last:
-            out[out_at + o] = _finish(total, o, p, p_kind, row_divisors, y)
+            out[out_at + o] = window_output(total, o, p, p_kind, row_divisors, y)
         else:
             totals[o] = total
 
