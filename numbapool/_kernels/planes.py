@@ -21,8 +21,8 @@ import numpy as np
 from numba import njit
 
 from . import kernel
-from .codec import accumulator_array, as_accumulator, decode
-from .sums import border_row_sum, divisor_row, lp_term, window_output
+from .codec import accumulator_array
+from .sums import border_row_sum, divisor_row, term_at, window_output
 from .units import interior_outputs, plane_axes
 
 # The largest plane served: past it the generic kernel's rows, cached in the nearest cache,
@@ -35,12 +35,10 @@ PLANE_ELEMENTS = 96 * 96
 RUN_BYTES = 16 << 10
 
 
-# Compiled once per dtype for LLVM to inline, its kind of p a constant there: inlined in
-# numba's IR at its nine call sites, a first call of AveragePool 3x3 took 0.7 s longer
-@njit(forceinline=True, nogil=True)
-def _element(source, index, zero, p, p_kind):
-    """The term (sums.lp_term) of source[index], in the accumulator type."""
-    return lp_term(as_accumulator(decode(source[index]), zero), p, p_kind)
+# sums.term_at compiled once per dtype for LLVM to inline, its kind of p a constant there:
+# inlined in numba's IR at its nine call sites, a first call of AveragePool 3x3 took 0.7 s
+# longer
+_element = njit(forceinline=True, nogil=True)(term_at.py_func)
 
 
 @njit(inline="always")
@@ -52,9 +50,9 @@ def _row_sums(source, row_start, sums, at, out_width, lo, hi, step, left, axes, 
     one = np.uint64(1)  # unsigned offsets: a signed index would be checked for wraparound
     for o in range(np.uint64(lo), np.uint64(hi)):
         tap = row_start + o * step - np.uint64(left)
-        sums[at + o] = (((zero + _element(source, tap, zero, p, p_kind))
-                         + _element(source, tap + one, zero, p, p_kind))
-                        + _element(source, tap + one + one, zero, p, p_kind))
+        sums[at + o] = (((zero + _element(source, tap, p, p_kind))
+                         + _element(source, tap + one, p, p_kind))
+                        + _element(source, tap + one + one, p, p_kind))
     for o in range(lo):
         sums[at + np.uint64(o)] = border_row_sum(source, np.int64(row_start), o, 3, axes, zero,
                                                  p, p_kind)
@@ -72,16 +70,16 @@ def _flat_row_sums(source, start, rows, width, sums, zero, p, p_kind):
     one = np.uint64(1)
     count = np.uint64(rows * width)
     for i in range(one, count - one):
-        sums[i] = (((zero + _element(source, start + i - one, zero, p, p_kind))
-                    + _element(source, start + i, zero, p, p_kind))
-                   + _element(source, start + i + one, zero, p, p_kind))
+        sums[i] = (((zero + _element(source, start + i - one, p, p_kind))
+                    + _element(source, start + i, p, p_kind))
+                   + _element(source, start + i + one, p, p_kind))
     for row in range(rows):
         i = np.uint64(row * width)
-        sums[i] = ((zero + _element(source, start + i, zero, p, p_kind))
-                   + _element(source, start + i + one, zero, p, p_kind))
+        sums[i] = ((zero + _element(source, start + i, p, p_kind))
+                   + _element(source, start + i + one, p, p_kind))
         i += np.uint64(width) - one
-        sums[i] = ((zero + _element(source, start + i - one, zero, p, p_kind))
-                   + _element(source, start + i, zero, p, p_kind))
+        sums[i] = ((zero + _element(source, start + i - one, p, p_kind))
+                   + _element(source, start + i, p, p_kind))
 
 
 @njit(inline="always")

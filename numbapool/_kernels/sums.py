@@ -207,15 +207,14 @@ def _row_window_sums(source, row_start, target, base, first, lo, hi, width, step
 
 @njit(inline="always")
 def border_row_sum(source, row_start, o, width, axes, zero, p, p_kind):
-    """The row sum of output o's terms (lp_term), its taps checked one by one (dilation
-    1)."""
+    """The row sum of output o's terms (term_at; ``p`` of the accumulator type of
+    ``zero``), its taps checked one by one (dilation 1)."""
     last = axes.shape[1] - 1
     total = zero
     at = o * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
     for w in range(width):
         if 0 <= at + w < axes[AXIS_IN, last]:
-            total += lp_term(as_accumulator(decode(source[np.uint64(row_start + at + w)]), zero),
-                             p, p_kind)
+            total += term_at(source, np.uint64(row_start + at + w), p, p_kind)
     return total
 
 
