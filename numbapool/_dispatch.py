@@ -414,7 +414,8 @@ def _columns_special(plan: WindowPlan) -> tuple:
     check_ties = plan.dtype.kind not in "iu"
     vector_fold = plan.dtype.itemsize <= 2  # 8- and 16-bit elements
     kind = columns.column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1])
-    return (EntryPoint(columns.column_units, (*kind, check_ties, vector_fold)),
+    outer_axes = len(plan.kernel_shape) >= 3  # may fold whole planes first
+    return (EntryPoint(columns.column_units, (*kind, check_ties, vector_fold, outer_axes)),
             (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]))
 
 

@@ -49,7 +49,8 @@ def _windows():
     4x4 planes, a padded 5x5 one over 32x32 past the parallel threshold), each
     of fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels (columns.column_units),
     one per kind of last-axis window (3-high windows: a 2x2 one would take a fixed window's
-    kernel), which are also the wide windows (wide.py) at steps 1 and 2, and a window over
+    kernel), over two axes and over three (which fold whole planes first), the windows over
+    two axes also the wide windows (wide.py) at steps 1 and 2, and a window over
     one axis at a step of 4 for the wide windows' step of 4. MaxPool with
     Indices reaches the indexed kernel (indexed.py) through the 2-D windows at steps 1 and 2,
     and the generic one through the window over one axis. LpPool
@@ -71,6 +72,7 @@ def _windows():
     for width, step in columns.COLUMN_KINDS:
         width, step = width or 4, step or 1  # (0, 0): a window outside COLUMN_WINDOWS
         yield [3, width], [1, step], None, (2,), sides
+        yield [3, 3, width], [1, 1, step], None, (), sides
 
 
 WINDOWED = ("MaxPool", "AveragePool", "LpPool")

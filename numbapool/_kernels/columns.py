@@ -158,7 +158,7 @@ def column_kind(width, step, dilation):
 # loops of its own with them constant.
 @kernel()
 def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block,
-                 window_width, window_step, check_ties, vector_fold):
+                 window_width, window_step, check_ties, vector_fold, outer_axes):
     """MaxPool without Indices, input rows first: the window's input rows are folded
     element by element into one row of column maxima (contiguous loads, which vectorize),
     then the last-axis taps are taken once per output row from that row.
@@ -169,7 +169,10 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     dtypes) those outputs are taken again in row-major order, so every result is the one
     docs/semantics.md states. Positions in the padding hold ``lowest``, which never wins
     against an input element of another value. ``vector_fold`` (8- and 16-bit dtypes)
-    folds the rows in explicit vectors (_fold_column_rows).
+    folds the rows in explicit vectors (_fold_column_rows). ``outer_axes``: the window has
+    three axes or more, whose outer taps may fold whole planes first (fold_outer_planes,
+    compiled only for this kind: 0.6 s of a first call's compile where fewer axes never
+    fold planes).
     """
     last = axes.shape[1] - 1
     step = np.uint64(axes[AXIS_STRIDE, last])
@@ -193,7 +196,7 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     k_height = taps[taps.shape[0] - 1, height] + 1
     plane_size = axes[AXIS_IN, height] * in_last
     plane_units = axes[AXIS_OUT, height] * ((axes[AXIS_OUT, last] + block - 1) // block)
-    planes = (height > 0 and plane_size <= PLANE_ELEMENTS
+    planes = (outer_axes and height > 0 and plane_size <= PLANE_ELEMENTS
               and unit_end - unit_begin >= 4 * plane_units)
     plane = empty(plane_size if planes else 0, x.dtype)
     # the plane's key and whether it is empty, in memory: as values carried from unit to
@@ -214,9 +217,10 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
                 key = key * axes[AXIS_OUT, axis] + positions[axis]
             if key != plane_state[0]:
                 plane_state[0] = key
-                plane_state[1] = fold_outer_planes(plane, source, row_offset, starts, axes, taps,
-                                                   tap_offsets, row_starts, k_height * k_last,
-                                                   prefetching)
+                if outer_axes:  # on the literal alone, so that numba drops the call
+                    plane_state[1] = fold_outer_planes(plane, source, row_offset, starts, axes,
+                                                       taps, tap_offsets, row_starts,
+                                                       k_height * k_last, prefetching)
             for row in range(k_height):
                 h = starts[height] + row * axes[AXIS_DILATION, height]
                 if plane_state[1] and 0 <= h < axes[AXIS_IN, height]:
