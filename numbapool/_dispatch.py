@@ -15,8 +15,8 @@ from . import _threads
 from ._kernels import (columns, fixed, global_, indexed, max_planes, maxima, parallel, planes,
                        sums, unpool, wide)
 from ._kernels.entry import EntryPoint
-from ._plan import (BFLOAT16, UnpoolPlan, WindowPlan, global_plan, window_extents,
-                    window_plan)
+from ._plan import (BFLOAT16, UnpoolPlan, WindowPlan, channels_merged_plan, global_plan,
+                    window_extents, window_plan)
 
 # 16-bit floats reach numba as their bit patterns; see _kernels/codec.py.
 _STORAGE = {np.dtype(np.float16): np.dtype(np.uint16), BFLOAT16: np.dtype(np.int16)}
@@ -118,6 +118,10 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
         return plan.launches[threads]
     except KeyError:
         pass
+    inner = channels_merged_plan(plan)
+    if inner is not plan:  # the kernels of fewer axes: the same outputs, in the same order
+        launch = plan.launches[threads] = _launch(inner, threads)
+        return launch
     block, units, chunks, slots = _work_split(plan, threads)
     g = plan.geometry
     whole_rows = block == plan.out_shape[-1]  # the row kernels' units: not parts of rows

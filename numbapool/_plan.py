@@ -418,6 +418,30 @@ def region_plan(plan: WindowPlan, region_shape: tuple, pads: tuple, first_output
     return region
 
 
+def channels_merged_plan(plan: WindowPlan) -> WindowPlan:
+    """The plan of the same call with the window's leading spatial axes merged into the
+    channels, where each takes one tap at a stride of 1 with no pads (a window of 1x3x3
+    over (N, C, D, H, W) is a window of 3x3 over (N, C*D, H, W)), down to two axes; else
+    ``plan`` itself. The same outputs in the same order, and the same Indices (flat input
+    offsets), but for storage_order 1, which numbers the spatial offsets column-major:
+    ``plan`` itself then. The divisor counts are ``plan``'s own (a region's are the whole
+    call's: region_plan)."""
+    rank, merged = len(plan.kernel_shape), 0
+    while (rank - merged > 2 and plan.kernel_shape[merged] == 1 and plan.strides[merged] == 1
+           and plan.pads_begin[merged] == 0 and plan.pads_end[merged] == 0):
+        merged += 1
+    if merged == 0 or plan.storage_order:
+        return plan
+    shape = (plan.in_shape[0], math.prod(plan.in_shape[1:2 + merged]),
+             *plan.in_shape[2 + merged:])
+    pads = (*plan.pads_begin[merged:], *plan.pads_end[merged:])
+    inner = _window_plan(plan.op, shape, plan.dtype, plan.kernel_shape[merged:],
+                         plan.strides[merged:], pads, "NOTSET", plan.ceil_mode,
+                         plan.dilations[merged:], plan.count_include_pad, plan.p, 0)
+    inner.__dict__["geometry"] = inner.window_geometry(plan.geometry["divisor_counts"][merged:])
+    return inner
+
+
 # --------------------------------------------------------------------------- global pools
 
 

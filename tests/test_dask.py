@@ -205,3 +205,18 @@ def test_one_axis_windows_in_the_row_kernels(count_include_pad):
     expected = numbapool.average_pool(x, **attributes)
     lazy = nd.average_pool(da.from_array(x, chunks=(2, 4, 9)), **attributes)
     assert_bitwise_equal(np.asarray(lazy.compute(scheduler="synchronous")), expected)
+
+
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+def test_leading_single_tap_axes_merged_in_regions(count_include_pad):
+    # a window of one tap along its leading axis runs over the other two, that axis merged
+    # into the channels (_plan.channels_merged_plan); a region's divisors there are still
+    # the whole call's
+    # both axes' last windows end past the padded input (ceil_mode), where the last
+    # regions' pads reach
+    x = np.random.default_rng(6).standard_normal((2, 3, 4, 11, 10)).astype(np.float32)
+    attributes = dict(kernel_shape=[1, 3, 3], strides=[1, 2, 2], pads=[0, 1, 1, 0, 0, 1],
+                      ceil_mode=1, count_include_pad=count_include_pad)
+    expected = numbapool.average_pool(x, **attributes)
+    lazy = nd.average_pool(da.from_array(x, chunks=(1, 2, 3, 4, 5)), **attributes)
+    assert_bitwise_equal(np.asarray(lazy.compute(scheduler="synchronous")), expected)

@@ -292,6 +292,10 @@ MEDIUM_CASES = [
     ((1, 2, 11, 41), dict(kernel_shape=[2, 3], dilations=[2, 3], pads=[1, 3, 0, 4])),
     ((1, 3, 6, 7, 19), dict(kernel_shape=[3, 2, 3], strides=[2, 1, 2], pads=[1, 0, 1, 1, 1, 2])),
     ((1, 1, 40), dict(kernel_shape=[5], strides=[3], pads=[4, 4], ceil_mode=1)),
+    # leading axes of one tap, stride 1, no pads: run as windows over fewer axes
+    # (_plan.channels_merged_plan)
+    ((2, 2, 3, 13, 14), dict(kernel_shape=[1, 3, 3], strides=[1, 2, 2], pads=[0, 1, 1, 0, 1, 1])),
+    ((1, 2, 2, 3, 8, 9), dict(kernel_shape=[1, 1, 2, 3], strides=[1, 1, 2, 1], ceil_mode=1)),
 ]
 
 
@@ -316,6 +320,29 @@ def test_medium_inputs(shape, attrs, dtype):
     for p in (1, 2, 3):
         _check_float(numbapool.lp_pool(x, p=p, **attrs),
                      reference.pool("LpPool", x, p=p, **attrs), x.dtype)
+
+
+def test_leading_single_tap_axes_take_the_kernels_of_fewer_axes():
+    """A window of one tap at a stride of 1 with no pads along its leading axes runs as the
+    window over the rest, with those axes merged into the channels: the same kernel, and no
+    kernel of its own to compile. Not with storage_order 1, whose Indices number the
+    spatial offsets column-major."""
+    from numbapool import _dispatch, _plan
+
+    def plan(shape, kernel, strides, pads, storage_order=0):
+        return _plan.window_plan("MaxPool", shape, np.dtype(np.float32), kernel, strides, pads,
+                                 "NOTSET", 0, None, 0, 2.0, storage_order)
+
+    flat = plan((2, 12, 9, 10), [3, 3], [2, 2], [1, 1, 1, 1])
+    deep = plan((2, 3, 4, 9, 10), [1, 3, 3], [1, 2, 2], [0, 1, 1, 0, 1, 1])
+    merged = _plan.channels_merged_plan(deep)
+    assert (merged.in_shape, merged.kernel_shape, merged.out_shape) == (
+        flat.in_shape, flat.kernel_shape, flat.out_shape)
+    assert _dispatch._launch(deep, 1).entry == _dispatch._launch(flat, 1).entry
+    for kept in (plan((2, 3, 4, 9, 10), [1, 3, 3], [2, 2, 2], [0, 1, 1, 0, 1, 1]),
+                 plan((2, 3, 4, 9, 10), [1, 3, 3], [1, 2, 2], [1, 1, 1, 0, 1, 1]),
+                 plan((2, 3, 4, 9, 10), [1, 3, 3], [1, 2, 2], [0, 1, 1, 0, 1, 1], 1)):
+        assert _plan.channels_merged_plan(kept) is kept
 
 
 def test_prefetch_is_only_a_hint():
