@@ -322,6 +322,24 @@ def test_medium_inputs(shape, attrs, dtype):
                      reference.pool("LpPool", x, p=p, **attrs), x.dtype)
 
 
+@pytest.mark.parametrize("width", [3, 8, 112, 129, 130, 257, 301])
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+def test_max_pool_bytes_three_wide_at_step_two(width, dtype):
+    """8-bit windows 3 wide at step 2 along the rows take 64 outputs a vector
+    (vectors.three_wide_step_two): rows of fewer outputs in masked loads, of 64 exactly, of
+    more with the last vector overlapping, and rows split into parts (one channel: units
+    of part of a row), with and without pads, against the reference."""
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(width)
+    for shape in [(2, 3, 7, width), (1, 1, 5, width)]:
+        x = rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype)
+        for pads in ([0, 0, 0, 0], [1, 1, 1, 1]):
+            expected, _ = reference.pool("MaxPool", x, kernel_shape=[3, 3], strides=[2, 2],
+                                         pads=pads)
+            assert np.array_equal(numbapool.max_pool(x, [3, 3], strides=[2, 2], pads=pads),
+                                  expected)
+
+
 def test_leading_single_tap_axes_take_the_kernels_of_fewer_axes():
     """A window of one tap at a stride of 1 with no pads along its leading axes runs as the
     window over the rest, with those axes merged into the channels: the same kernel, and no

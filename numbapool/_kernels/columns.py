@@ -22,7 +22,7 @@ from .scratch import empty, full
 from .units import first_unit_row, tap_is_inside, unit_row
 from .maxima import (any_tie, border_max, fold_max_function, is_tie, max_run, nan_max,
                      start_maxima)
-from .vectors import row_fold_first, row_fold_more
+from .vectors import row_fold_first, row_fold_more, three_wide_step_two
 
 
 @njit(inline="always")
@@ -263,6 +263,8 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
         # drops the branch a kind does not take.
         if window_width == 3 and window_step == 2 and check_ties:
             _three_wide_step_two_windows(columns, pairs, evens, out, out_begin, count)
+        elif window_width == 3 and window_step == 2 and vector_fold:  # int8 and uint8
+            three_wide_step_two(columns, out, out_begin, np.uint64(count))
         elif window_width == 3 and window_step == 1 and dilation != 1:
             _column_windows(columns, out, out_begin, count, 3, np.uint64(1),
                             np.uint64(dilation))
