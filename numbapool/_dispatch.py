@@ -118,8 +118,14 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
         return plan.launches[threads]
     except KeyError:
         pass
-    inner = channels_merged_plan(plan)
-    if inner is not plan:  # the kernels of fewer axes: the same outputs, in the same order
+    # the plan of fewer axes that runs this one (None: none), made once for every thread
+    # count, so that its own launches serve them all
+    try:
+        inner = plan.launches["merged"]
+    except KeyError:
+        merged = channels_merged_plan(plan)
+        inner = plan.launches["merged"] = None if merged is plan else merged
+    if inner is not None:  # the kernels of fewer axes: the same outputs, in the same order
         launch = plan.launches[threads] = _launch(inner, threads)
         return launch
     block, units, chunks, slots = _work_split(plan, threads)
