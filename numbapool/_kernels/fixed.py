@@ -97,14 +97,20 @@ def _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_le
     divisor = as_accumulator(leading * width, x)
     for o in range(lo, hi):
         at = np.uint64(row_offset + o * step - pad)
+        # LpPool's sums of powers (p_kind 2 to 4) start from their first term, not from
+        # +0 + it: a product or pow() of |x| is +0 or more, or a quiet NaN, for which
+        # +0 + term is the term, bit for bit (|x| itself, p = 1, keeps a signaling NaN of
+        # float64 input, which that addition quiets). LpPool p = 3 2x2 s2 took 0.96 of the
+        # time, p = 2 0.94.
         total = zero
         for d in range(depth):
             for r in range(height):
                 row_sum = zero
                 for w in range(width):
-                    row_sum += term_at(
-                        source, at + np.uint64(d * plane + r * row_length + w), p, p_kind)
-                total += row_sum
+                    term = term_at(source, at + np.uint64(d * plane + r * row_length + w), p,
+                                   p_kind)
+                    row_sum = term if p_kind >= 2 and w == 0 else row_sum + term
+                total = row_sum if p_kind >= 2 and d + r == 0 else total + row_sum
         if p_kind == 0:
             out[np.uint64(out_first + o)] = encode(total / divisor, y)
         elif p_kind == 3:
