@@ -10,8 +10,10 @@ Method, so that a ratio means something on a small, noisy machine:
   not installed is left out);
 * engines run interleaved, in blocks of at least ``BLOCK_SECONDS`` each, round after round;
   a time is the median over rounds, a ratio the median of the per-round ratios;
-* the roofline is (bytes read + bytes written) / the bandwidth of a streaming copy measured
-  in the same run with the same threads.
+* the roofline is (bytes read + bytes written) / the bandwidth of a streaming copy with the
+  same threads, timed in each round beside the engines (a block of its own): numbapool's
+  ratio to it is the median of the per-round ratios, as for the peers, so that the copy and
+  numbapool meet the same load on a shared machine.
 """
 
 from __future__ import annotations
@@ -47,13 +49,13 @@ def _stream_copy(source, destination):
         destination[i] = source[i]
 
 
-def copy_bandwidth(rounds: int = 5) -> float:
-    """Bytes per second of a parallel streaming copy of 256 MiB (read + write counted)."""
+def stream_copy():
+    """(a call that copies 256 MiB in parallel, far past the caches; the bytes it reads and
+    writes)."""
     source = np.ones(32 * 2**20, dtype=np.float64)
     destination = np.empty_like(source)
     _stream_copy(source, destination)
-    best = min(_timed_block(lambda: _stream_copy(source, destination)) for _ in range(rounds))
-    return 2 * source.nbytes / best
+    return (lambda: _stream_copy(source, destination)), 2 * source.nbytes
 
 
 # --------------------------------------------------------------------------- peers
@@ -221,24 +223,31 @@ def _peer_runners(case: Case, x: np.ndarray, threads: int) -> dict:
 # --------------------------------------------------------------------------- the table
 
 
-def measure(case: Case, threads: int, rounds: int, bandwidth: float) -> dict:
+def measure(case: Case, threads: int, rounds: int, copy) -> dict:
+    """A table row (summarize) for ``case``; ``copy`` is stream_copy()."""
     x = make_input(case.shape, case.dtype)
     outputs = run(case, x)  # compiles, and gives the bytes written
     bytes_moved = x.nbytes + sum(o.nbytes for o in outputs)
-    engines = {"numbapool": runner(case, x), **_peer_runners(case, x, threads)}
+    copy_call, copy_bytes = copy
+    engines = {"numbapool": runner(case, x), **_peer_runners(case, x, threads), "copy": copy_call}
     times = {name: [] for name in engines}
     order = list(engines)
     for r in range(rounds):
         for name in order[r % len(order):] + order[:r % len(order)]:  # rotate who goes first
             times[name].append(_timed_block(engines[name]))
-    return summarize(case.name, times, bytes_moved, bandwidth)
+    return summarize(case.name, times, bytes_moved, copy_bytes)
 
 
-def summarize(case_name: str, times: dict, bytes_moved: int, bandwidth: float) -> dict:
-    """A table row from per-round times in seconds (``times["numbapool"]`` and one list per
-    peer, round i of each measured side by side): medians in ms, and numbapool's ratio to
-    each peer as the median of the per-round ratios, so that a noisy round slows both."""
-    row = {"case": case_name, "bytes": bytes_moved}
+def summarize(case_name: str, times: dict, bytes_moved: int, copy_bytes: int) -> dict:
+    """A table row from per-round times in seconds (``times["numbapool"]``, one list per
+    peer and ``times["copy"]``, the streaming copy of ``copy_bytes``, round i of each
+    measured side by side): medians in ms, and numbapool's ratios to each peer and to the
+    roofline (``bytes_moved`` at the round's copy speed) as the medians of the per-round
+    ratios, so that a noisy round slows both sides of a ratio."""
+    times = dict(times)
+    copies = times.pop("copy")
+    row = {"case": case_name, "bytes": bytes_moved,
+           "copy GB/s": statistics.median(copy_bytes / t for t in copies) / 1e9}
     for name, samples in times.items():
         row[f"{name} ms"] = 1e3 * statistics.median(samples)
     peers = [name for name in times if name != "numbapool"]
@@ -247,26 +256,30 @@ def summarize(case_name: str, times: dict, bytes_moved: int, bandwidth: float) -
     # the best peer is the fastest one: the largest numbapool / peer ratio
     row["vs best peer"] = max(ratios.values()) if ratios else None
     row["best peer"] = max(ratios, key=ratios.get) if ratios else None
-    row["vs roofline"] = statistics.median(times["numbapool"]) / (bytes_moved / bandwidth)
+    row["vs roofline"] = statistics.median(
+        t * copy_bytes / (c * bytes_moved) for t, c in zip(times["numbapool"], copies))
     return row
 
 
-def format_table(rows: list, threads: int, bandwidth: float) -> str:
+def format_table(rows: list, threads: int) -> str:
     """One column per engine in PEERS (n/a where it is not installed or cannot run the
-    case); the ratio is to the fastest peer of each row."""
+    case); the ratio is to the fastest peer of each row; the copy's speed in that row's
+    rounds, which its roofline ratio is to."""
     def cell(value, digits=3):
         return "n/a" if value is None else f"{value:.{digits}f}"
 
     engines = ["numbapool", *PEERS]
-    lines = [f"threads: {threads}; streaming copy: {bandwidth / 1e9:.2f} GB/s", "",
+    speeds = [row["copy GB/s"] for row in rows]
+    lines = [f"threads: {threads}; streaming copy: {min(speeds):.1f} to {max(speeds):.1f} GB/s"
+             " (the rows' medians)", "",
              "| case | " + " | ".join(f"{name} ms" for name in engines)
-             + " | best peer | numbapool / best peer | numbapool / roofline |",
-             "| --- |" + " ---: |" * len(engines) + " --- | ---: | ---: |"]
+             + " | best peer | numbapool / best peer | copy GB/s | numbapool / roofline |",
+             "| --- |" + " ---: |" * len(engines) + " --- | ---: | ---: | ---: |"]
     for row in rows:
         lines.append(
             f"| {row['case']} | " + " | ".join(cell(row.get(f"{name} ms")) for name in engines)
             + f" | {row['best peer'] or 'n/a'} | {cell(row['vs best peer'], 2)} "
-            f"| {cell(row['vs roofline'], 2)} |")
+            f"| {cell(row['copy GB/s'], 1)} | {cell(row['vs roofline'], 2)} |")
     return "\n".join(lines)
 
 
@@ -433,12 +446,12 @@ def main(argv=None) -> int:
             parser.error(f"unknown case {unknown[0]!r}; known: {', '.join(CASES_BY_NAME)}")
         cases = [CASES_BY_NAME[name] for name in args.cases]
     numba.set_num_threads(args.threads)
-    bandwidth = copy_bandwidth()
+    copy = stream_copy()
     rows = []
     for case in cases:
-        rows.append(measure(case, args.threads, rounds, bandwidth))
+        rows.append(measure(case, args.threads, rounds, copy))
         print(f"  {case.name}: done", flush=True)
-    print(format_table(rows, args.threads, bandwidth))
+    print(format_table(rows, args.threads))
     if args.plot:
         plot(rows, args.plot)
     return 0

@@ -34,13 +34,19 @@ def test_bench_command_prints_the_table():
 def test_a_row_s_figures():
     times = {"numbapool": [1.0, 2.0, 3.0, 10.0, 1.0],
              "slow": [4.0, 4.0, 4.0, 4.0, 4.0],
-             "fast": [0.5, 4.0, 1.0, 5.0, 2.0]}
-    row = _bench.summarize("case", times, bytes_moved=4_000, bandwidth=2_000.0)
+             "fast": [0.5, 4.0, 1.0, 5.0, 2.0],
+             "copy": [0.25, 1.0, 1.0, 1.0, 4.0]}  # a copy of 2000 bytes, round by round
+    row = _bench.summarize("case", times, bytes_moved=4_000, copy_bytes=2_000)
     assert row["numbapool ms"] == 2000.0 and row["fast ms"] == 2000.0 and row["slow ms"] == 4000.0
     # per-round ratios to "fast": 2, 0.5, 3, 2, 0.5 -> median 2, where the medians' ratio is 1
     assert row["best peer"] == "fast" and row["vs best peer"] == 2.0
-    assert row["vs roofline"] == 1.0  # 2 s against 4000 bytes at 2000 bytes/s
-    assert _bench.summarize("alone", {"numbapool": [1.0]}, 1, 1.0)["best peer"] is None
+    # the copy's speed per round: 8000, 2000, 2000, 2000, 500 bytes/s -> median 2000; the
+    # rooflines of 4000 bytes at those speeds: 0.5, 2, 2, 2, 8 s -> per-round ratios 2, 1,
+    # 1.5, 5, 0.125 -> median 1.5, where the medians' ratio (2 s / 2 s) is 1
+    assert row["copy GB/s"] == 2000 / 1e9 and row["vs roofline"] == 1.5
+    assert "copy" not in row and "copy ms" not in row
+    alone = _bench.summarize("alone", {"numbapool": [1.0], "copy": [1.0]}, 1, 1)
+    assert alone["best peer"] is None and alone["vs roofline"] == 1.0
 
 
 def test_bench_rejects_an_unknown_case():
@@ -59,8 +65,10 @@ def test_every_case_runs_on_a_small_input():
         assert len(outputs) == (2 if case.return_indices else 1)
 
 
-def test_copy_bandwidth_is_positive():
-    assert _bench.copy_bandwidth(rounds=1) > 1e8
+def test_stream_copy_copies():
+    call, copied = _bench.stream_copy()
+    call()
+    assert copied == 2 * 256 * 2**20
 
 
 def test_scaling_report():
