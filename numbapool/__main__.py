@@ -89,7 +89,7 @@ def main(argv=None) -> int:
                                      processes=args.processes)
         except ValueError as error:
             parser.error(str(error))
-        print(f"{len(done)} kernels ready")
+        print(f"{len(done)} operator and dtype pairs ready")
         return 0
     parser.print_help()
     return 2

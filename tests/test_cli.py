@@ -40,7 +40,7 @@ def test_info_text_shows_threads_in_force():
 def test_warmup_command_compiles_with_a_progress_bar():
     result = run_numbapool("warmup", "--ops", "GlobalMaxPool", "--dtypes", "float32", "float64")
     assert result.returncode == 0, result.stderr
-    assert "2 kernels ready" in result.stdout
+    assert "2 operator and dtype pairs ready" in result.stdout
     assert "numbapool warmup" in result.stderr and "2/2" in result.stderr
 
 
