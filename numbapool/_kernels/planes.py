@@ -10,8 +10,8 @@ and the wide windows' kernel (wide.py) still pays its loops' ends per row. Here 
 sums of every input row a run of output rows reads (RUN_BYTES of them at most) are made
 first, in a loop per row, each element's term computed again for each tap that reads it
 (at stride 1 with pads of 1, one loop over those rows as one array, each term computed
-once), each row's border outputs again with their taps checked; each output row then adds its window's row sums
-and divides or takes the root.
+once), each row's border outputs again with their taps checked; each output row then
+adds its window's row sums and divides or takes the root.
 Each sum is the generic kernel's, in its order (the taps of a row added to +0 left to
 right, then the rows added to +0 in order: docs/semantics.md), so the results are the
 same, bit for bit.
