@@ -371,3 +371,33 @@ def test_window_sums_in_the_stated_order(strides, count_include_pad):
                 divisor = taps_padded if count_include_pad else taps_inside
                 expected[(n, c, *position)] = np.float32(total / np.float32(divisor))
     assert got.tobytes() == expected.tobytes()
+
+
+def test_approximate_cube_roots_cube_to_within_their_bound():
+    # sums.cube_root takes pow()'s rounded result from a bracket around an approximate
+    # root without checking that root: its cube must lie within CUBE_SLACK of the total
+    # (sums._approximate_cube_root's bound, 2**-48). In exact arithmetic, over mantissas
+    # of every exponent modulo 3 (the guess by bits depends on it), at both ends of the
+    # range and in between, in a loop like the kernels' (which may fuse its operations).
+    from fractions import Fraction
+
+    from numba import njit
+
+    from numbapool._kernels import sums
+
+    @njit
+    def roots(totals, out):
+        for i in range(totals.size):
+            out[i] = sums._approximate_cube_root(totals[i])
+
+    rng = np.random.default_rng(7)
+    mantissas = np.concatenate([np.linspace(1.0, 2.0, 4097)[:-1], 1.0 + rng.random(2048)])
+    exponents = [-900, -899, -898, -2, -1, 0, 1, 2, 897, 898, 899]
+    totals = np.concatenate([np.ldexp(mantissas, e) for e in exponents]
+                            + [np.ldexp(1.0 + rng.random(4096), rng.integers(-900, 900, 4096)),
+                               [sums.CUBE_LOW, sums.CUBE_HIGH]])
+    out = np.empty_like(totals)
+    roots(totals, out)
+    worst = max(abs(Fraction(a) ** 3 - Fraction(t)) / Fraction(t)
+                for a, t in zip(out.tolist(), totals.tolist()))
+    assert worst <= Fraction(1, 2 ** 48) < Fraction(sums.CUBE_SLACK)
