@@ -81,6 +81,38 @@ def _left_lanes(builder, count, whole, first, lanes):
     return builder.bitcast(bits, ir.VectorType(_I1, lanes))
 
 
+def _last_vector(builder, count, whole, lanes, again, masked):
+    """The elements left after ``whole`` (fewer than ``lanes``, maybe none): the last whole
+    vector again, ending at ``count`` (``again(start)``, overlapping the one before: the
+    same values written twice), or, where ``count`` is under one vector's length,
+    ``masked()``, with masked loads and a masked store."""
+    left = builder.icmp_unsigned("<", whole, count)
+    long = builder.icmp_unsigned(">=", count, ir.Constant(_I64, lanes))
+    with builder.if_then(left):
+        with builder.if_else(long) as (overlapping, short):
+            with overlapping:
+                again(builder.sub(count, ir.Constant(_I64, lanes)))
+            with short:
+                masked()
+
+
+def _masked_memory(builder, vector, suffix):
+    """(llvm.masked.load, llvm.masked.store) of ``vector`` (``suffix`` its LLVM name)."""
+    pointer = vector.as_pointer()
+    mask_type = ir.VectorType(_I1, vector.count)
+    return (_declare(builder, f"llvm.masked.load.{suffix}.p0", vector,
+                     [pointer, _I32, mask_type, vector]),
+            _declare(builder, f"llvm.masked.store.{suffix}.p0", ir.VoidType(),
+                     [vector, pointer, _I32, mask_type]))
+
+
+def _integer_compare(builder, compare, operator, a, b):
+    """``a operator b`` for 8-bit elements, ``compare`` "signed" or "unsigned" (_FOLDED)."""
+    if compare == "signed":
+        return builder.icmp_signed(operator, a, b)
+    return builder.icmp_unsigned(operator, a, b)
+
+
 def _float32_vector(builder, loaded, storage):
     """The float32 values of vector ``loaded`` of elements stored as ``storage`` (codec.py:
     uint16 bits of float16, int16 bits of bfloat16)."""
@@ -382,10 +414,8 @@ def _row_fold(with_columns):
             def fold(kept, new):  # maxima.keeps: kept >= new, or kept a NaN
                 # (raw elements, their values): the kept value is not decoded again
                 (kept_raw, a), (new_raw, b) = kept, new
-                if compare == "signed":
-                    keep = builder.icmp_signed(">=", a, b)
-                elif compare == "unsigned":
-                    keep = builder.icmp_unsigned(">=", a, b)
+                if compare in ("signed", "unsigned"):
+                    keep = _integer_compare(builder, compare, ">=", a, b)
                 else:
                     keep = builder.or_(builder.fcmp_ordered(">=", a, b),
                                        builder.fcmp_unordered("uno", a, a))
@@ -414,25 +444,18 @@ def _row_fold(with_columns):
             _, ones = _vector_loop(builder, builder.sub(count, fours), lanes, [],
                                    lambda i, values: vectors(i, fours, 1))
             whole = builder.add(fours, ones)
-            left = builder.icmp_unsigned("<", whole, count)
-            long = builder.icmp_unsigned(">=", count, ir.Constant(_I64, lanes))
-            with builder.if_then(left):
-                with builder.if_else(long) as (overlapping, masked):
-                    with overlapping:  # the last whole vector again, ending at count
-                        vectors(builder.sub(count, ir.Constant(_I64, lanes)), zero, 1)
-                    with masked:
-                        mask_type = ir.VectorType(_I1, lanes)
-                        masked_load = _declare(builder, f"llvm.masked.load.{suffix}.p0", vector,
-                                               [pointer, _I32, mask_type, vector])
-                        masked_store = _declare(builder, f"llvm.masked.store.{suffix}.p0",
-                                                ir.VoidType(), [vector, pointer, _I32, mask_type])
-                        inside = _left_lanes(builder, count, whole, 0, lanes)
-                        alignment = ir.Constant(_I32, 1)
-                        result = folded(lambda p: builder.call(
-                            masked_load, [p, alignment, inside, ir.Constant(vector, None)]),
-                            whole)
-                        builder.call(masked_store, [result, at(columns_data, base, whole),
-                                                    alignment, inside])
+
+            def masked():
+                masked_load, masked_store = _masked_memory(builder, vector, suffix)
+                inside = _left_lanes(builder, count, whole, 0, lanes)
+                alignment = ir.Constant(_I32, 1)
+                result = folded(lambda p: builder.call(
+                    masked_load, [p, alignment, inside, ir.Constant(vector, None)]), whole)
+                builder.call(masked_store, [result, at(columns_data, base, whole), alignment,
+                                            inside])
+
+            _last_vector(builder, count, whole, lanes, lambda start: vectors(start, zero, 1),
+                         masked)
             return context.get_dummy_value()
 
         return signature, codegen
@@ -442,10 +465,6 @@ def _row_fold(with_columns):
 
 row_fold_first = _row_fold(False)
 row_fold_more = _row_fold(True)
-
-
-# 8-bit elements, 64 to a vector, and how they compare
-_WINDOWED_BYTES = {types.int8: "signed", types.uint8: "unsigned"}
 
 
 @intrinsic
@@ -461,13 +480,13 @@ def three_wide_step_two(typingctx, columns, target, base, count):
     loop took 16 outputs a pass and left the rest (7 of the 55 a row of 112 bytes makes)
     to scalar leftovers (MaxPool 3x3 s2 uint8 0.77 of the time, rows of 56 bytes 0.67)."""
     if not (isinstance(columns, types.Array) and isinstance(target, types.Array)
-            and columns.dtype == target.dtype and columns.dtype in _WINDOWED_BYTES
+            and columns.dtype == target.dtype and columns.dtype in _FOLDED
+            and _FOLDED[columns.dtype][0] == _I8
             and isinstance(base, types.Integer) and isinstance(count, types.Integer)):
         return None
     signature = types.none(columns, target, types.uint64, types.uint64)
-    compare = _WINDOWED_BYTES[columns.dtype]
-    lanes = 64
-    vector = ir.VectorType(_I8, lanes)
+    element, lanes, suffix, compare = _FOLDED[columns.dtype]
+    vector = ir.VectorType(element, lanes)
     evens = ir.Constant(ir.VectorType(_I32, lanes), list(range(0, 2 * lanes, 2)))
     odds = ir.Constant(ir.VectorType(_I32, lanes), list(range(1, 2 * lanes, 2)))
 
@@ -481,9 +500,7 @@ def three_wide_step_two(typingctx, columns, target, base, count):
             return builder.bitcast(builder.gep(data, [start]), pointer)
 
         def maximum(a, b):
-            if compare == "signed":
-                return builder.select(builder.icmp_signed(">", a, b), a, b)
-            return builder.select(builder.icmp_unsigned(">", a, b), a, b)
+            return builder.select(_integer_compare(builder, compare, ">", a, b), a, b)
 
         def windows(load, j):
             start = builder.shl(j, ir.Constant(_I64, 1))  # column of output j's first tap
@@ -503,32 +520,24 @@ def three_wide_step_two(typingctx, columns, target, base, count):
             return []
 
         _, whole = _vector_loop(builder, count, lanes, [], lambda j, values: store(j))
-        left = builder.icmp_unsigned("<", whole, count)
-        long = builder.icmp_unsigned(">=", count, ir.Constant(_I64, lanes))
-        with builder.if_then(left):
-            with builder.if_else(long) as (overlapping, masked):
-                with overlapping:  # the last whole vector again, ending at count
-                    store(builder.sub(count, ir.Constant(_I64, lanes)))
-                with masked:  # count < lanes: every column read lies below 2 * count + 1
-                    mask_type = ir.VectorType(_I1, lanes)
-                    masked_load = _declare(builder, "llvm.masked.load.v64i8.p0", vector,
-                                           [pointer, _I32, mask_type, vector])
-                    masked_store = _declare(builder, "llvm.masked.store.v64i8.p0",
-                                            ir.VoidType(), [vector, pointer, _I32, mask_type])
-                    alignment = ir.Constant(_I32, 1)
-                    columns_count = builder.add(builder.shl(count, ir.Constant(_I64, 1)),
-                                                ir.Constant(_I64, 1))
-                    zero = ir.Constant(_I64, 0)
 
-                    def masked_vector(start, offset):
-                        inside = _left_lanes(builder, columns_count, zero, offset, lanes)
-                        return builder.call(masked_load, [
-                            at(columns_data, builder.add(start, ir.Constant(_I64, offset))),
-                            alignment, inside, ir.Constant(vector, None)])
+        def masked():  # count < lanes: every column read lies below 2 * count + 1
+            masked_load, masked_store = _masked_memory(builder, vector, suffix)
+            alignment = ir.Constant(_I32, 1)
+            columns_count = builder.add(builder.shl(count, ir.Constant(_I64, 1)),
+                                        ir.Constant(_I64, 1))
+            zero = ir.Constant(_I64, 0)
 
-                    builder.call(masked_store, [windows(masked_vector, zero),
-                                                at(target_data, base), alignment,
-                                                _left_lanes(builder, count, zero, 0, lanes)])
+            def masked_vector(start, offset):
+                inside = _left_lanes(builder, columns_count, zero, offset, lanes)
+                return builder.call(masked_load, [
+                    at(columns_data, builder.add(start, ir.Constant(_I64, offset))),
+                    alignment, inside, ir.Constant(vector, None)])
+
+            builder.call(masked_store, [windows(masked_vector, zero), at(target_data, base),
+                                        alignment, _left_lanes(builder, count, zero, 0, lanes)])
+
+        _last_vector(builder, count, whole, lanes, store, masked)
         return context.get_dummy_value()
 
     return signature, codegen
