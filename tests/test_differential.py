@@ -668,6 +668,37 @@ def test_max_pool_columns_kernel(data):
     assert got.tobytes() == expected[0].tobytes()
 
 
+@pytest.mark.parametrize("shape, attrs, entries", [
+    ((2, 8, 9, 11), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4), "columns"),
+    ((2, 8, 9, 11), dict(kernel_shape=[3, 3], pads=[1] * 4), "_MAX_PLANES"),
+    ((2, 8, 7, 9, 11), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6), "columns"),
+    ((2, 8, 40), dict(kernel_shape=[3], pads=[1, 1]), "columns"),
+])
+@pytest.mark.parametrize("zeros", [[0.0], [-0.0], [0.0, -0.0]])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_max_pool_windows_of_zeros(shape, attrs, entries, zeros, dtype):
+    """Windows whose maximum is a zero, many of them, as after a ReLU: the kernels that scan
+    a window column by column take a zero output again in row-major order only where the
+    input rows it reads hold a -0 (maxima.needs_retake). With zeros of one sign, of the
+    other, or of both, on two threads: the reference's bits."""
+    from numbapool import _dispatch
+    from numbapool._kernels import columns
+
+    rng = np.random.default_rng(len(zeros) * 10 + len(shape))
+    values = np.array(zeros + [-1.0, -np.inf, 2.5])
+    chances = [0.6 / len(zeros)] * len(zeros) + [0.25, 0.1, 0.05]
+    x = rng.choice(values, size=shape, p=chances).astype(dtype)
+    expected, _ = reference.pool("MaxPool", x, **attrs)
+    plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
+    got, launch = _on_two_threads(plan, lambda: numbapool.max_pool(x, **attrs))
+    if entries == "columns":
+        assert launch.entry.kernel is columns.column_units
+    else:
+        assert launch.entry in getattr(_dispatch, entries).values()
+    assert (expected == 0).sum() > expected.size // 4  # many windows of zeros
+    assert got.tobytes() == expected.tobytes()
+
+
 @pytest.mark.parametrize("shape, attrs", [
     ((2, 3, 6, 7, 9), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),
     ((2, 3, 6, 7, 9), dict(kernel_shape=[2, 3, 2], dilations=[2, 1, 1], pads=[1, 0, 1, 1, 2, 0])),

@@ -14,7 +14,8 @@ row taken too and dropped.
 
 That scans a window column by column, as the columns kernel does: zeros and NaNs, where
 that scan could pick another bit pattern than the row-major one, are taken again in
-row-major order, so every result is the one docs/semantics.md states, bit for bit.
+row-major order in planes that hold a -0 or a NaN, so every result is the one
+docs/semantics.md states, bit for bit.
 """
 
 import numpy as np
@@ -24,8 +25,9 @@ from .._plan import AXIS_DILATION, AXIS_EXTENT
 from . import kernel
 from .codec import decode
 from .maxima import fold_max, fold_max_function, is_tie
-from .scratch import empty
+from .scratch import empty, full
 from .units import plane_axes
+from .vectors import holds_negative_zero_or_nan
 
 # The largest padded planes served, where it measured faster than the columns kernel
 # (A/B, one thread): windows of at most 3x3 taps, undilated, over planes up to 32x32 (3x3
@@ -113,7 +115,7 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
     """MaxPool over output rows [unit_begin, unit_end) (units: whole output rows, of
     ``block`` outputs) of the stride-1 windows this module serves; ``lowest`` in the pads.
     With ``check_ties`` (float dtypes; a literal, entry.py), zero and NaN outputs are taken
-    again in row-major order."""
+    again in row-major order where the plane holds a -0 or a NaN."""
     height, width, out_height, out_width, top, left, _ = plane_axes(axes)
     row_dilation, column_dilation = axes[AXIS_DILATION, 0], axes[AXIS_DILATION, 1]
     window_rows = (axes[AXIS_EXTENT, 0] - 1) // row_dilation + 1
@@ -126,6 +128,8 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
     maxima = empty(out_height * padded_width, x.dtype)
     source = x.reshape(x.size)
     out = y.reshape(y.size)
+    plane_state = full(2, -1, np.int64)  # the plane last scanned for a -0 or a NaN, and
+    # whether it holds one
     unit = unit_begin
     while unit < unit_end:
         plane = unit // out_height
@@ -155,8 +159,14 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
                 value = maxima[at + o]
                 out[out_at + o] = value
                 suspect |= check_ties and is_tie(decode(value))
-            if suspect:
-                for o in range(out_width):
+            if check_ties and suspect:  # on the literal: int8 and uint8 compile no retake
+                # only where the plane holds a -0 or a NaN (columns.py's retake: why),
+                # scanned once per plane and run
+                if plane_state[0] != plane:
+                    plane_state[0] = plane
+                    plane_state[1] = holds_negative_zero_or_nan(
+                        source, np.uint64(plane_start), np.uint64(height * width))
+                for o in range(out_width if plane_state[1] else 0):
                     if is_tie(decode(out[out_at + np.uint64(o)])):
                         out[out_at + np.uint64(o)] = _row_major_max(
                             source, plane_start, first + row, o, height, width, top, left,
