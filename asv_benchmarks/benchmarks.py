@@ -20,7 +20,7 @@ class Pooling:
 
     def setup(self, name, threads):
         self.case = CASES_BY_NAME[name]
-        self.x = make_input(self.case.shape, self.case.dtype)
+        self.x = make_input(self.case.shape, self.case.dtype, self.case.data)
         numba.set_num_threads(threads)
         self.call = runner(self.case, self.x)
         ready(self.call)  # compile (or load from the disk cache) before timing

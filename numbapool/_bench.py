@@ -225,7 +225,7 @@ def _peer_runners(case: Case, x: np.ndarray, threads: int) -> dict:
 
 def measure(case: Case, threads: int, rounds: int, copy) -> dict:
     """A table row (summarize) for ``case``; ``copy`` is stream_copy()."""
-    x = make_input(case.shape, case.dtype)
+    x = make_input(case.shape, case.dtype, case.data)
     outputs = run(case, x)  # compiles, and gives the bytes written
     bytes_moved = x.nbytes + sum(o.nbytes for o in outputs)
     copy_call, copy_bytes = copy
@@ -312,7 +312,7 @@ def scaling(threads: int, rounds: int) -> str:
              f"| {threads} threads ms per million elements |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for case in SCALING_CASES:
-        x = make_input(case.shape, case.dtype)
+        x = make_input(case.shape, case.dtype, case.data)
         call = runner(case, x)
         ready(call)
         times = {1: [], threads: []}

@@ -16,10 +16,13 @@ class Case:
     attrs: dict = field(default_factory=dict)  # ONNX attributes
     dtype: str = "float32"
     return_indices: bool = False
+    data: str = "normal"  # make_input's kind of values
 
 
 CASES = [
     Case("resnet stem", "MaxPool", (8, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    Case("resnet stem relu", "MaxPool", (8, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2],
+                                                                pads=[1, 1, 1, 1]), data="relu"),
     Case("vgg", "MaxPool", (8, 128, 112, 112), dict(kernel_shape=[2, 2], strides=[2, 2])),
     Case("with indices", "MaxPool", (8, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
          return_indices=True),
@@ -59,14 +62,25 @@ SCALING_CASES = [
 
 
 @functools.lru_cache(maxsize=8)
-def make_input(shape: tuple, dtype: str) -> np.ndarray:
-    """A fixed input per (shape, dtype): seeded, so every run pools the same data."""
+def make_input(shape: tuple, dtype: str, data: str = "normal") -> np.ndarray:
+    """A fixed input per (shape, dtype, data): seeded, so every run pools the same data.
+    ``data`` "normal": independent standard normal values (uniform integers for int8 and
+    uint8); "relu": a ReLU's outputs as a network's convolutions leave them, standard
+    normal values smoothed along the last two axes (a mean of three neighbours, three
+    times), then max(x, 0): regions of +0, about half of each plane, where many MaxPool
+    windows hold only zeros."""
     rng = np.random.default_rng(20261122)
     if np.dtype(dtype).kind in "iu":
         info = np.iinfo(dtype)
         x = rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype)
     else:
-        x = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+        x = rng.standard_normal(shape, dtype=np.float32)
+        if data == "relu":
+            for axis in range(max(0, x.ndim - 2), x.ndim):
+                for _ in range(3):
+                    x = (x + np.roll(x, 1, axis) + np.roll(x, -1, axis)) / 3
+            x = np.maximum(x, np.float32(0))
+        x = x.astype(dtype)
     x.flags.writeable = False
     return x
 

@@ -59,7 +59,7 @@ def test_every_case_runs_on_a_small_input():
     # the full sizes belong to the benchmarks; here each case's call path runs on a slice
     for case in _cases.CASES:
         shape = (1, 2) + tuple(min(n, 12) for n in case.shape[2:])
-        x = _cases.make_input(shape, case.dtype)
+        x = _cases.make_input(shape, case.dtype, case.data)
         outputs = _cases.run(case, x)
         assert outputs[0].dtype == x.dtype, case.name
         assert len(outputs) == (2 if case.return_indices else 1)
