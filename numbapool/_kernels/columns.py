@@ -151,7 +151,8 @@ def _rows_hold_negative_zero_or_nan(source, row_offset, row_inside, starts, axes
     """Whether the input rows of a unit's windows hold a -0 or a NaN in their columns
     [start, start + count) (those inside the input): rows the unit has just read. Where
     they hold neither, the unit's zero outputs need no retake (every zero of their windows
-    is +0, and the scan returns one of the window's elements) and there are no NaN outputs.
+    is +0, and the scan returns one of the window's elements: float32's LLVM maximum too,
+    whose x86 code returns an operand) and there are no NaN outputs.
     ReLU's outputs, whose zeros are +0, have many windows of zeros: each taken again, the
     resnet stem's MaxPool over them took 3 times onnxruntime's time. Scanned once per
     channel instead, they took 1.06 to 1.16x as long (the resnet stem, 3x3 s1)."""
