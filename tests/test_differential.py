@@ -679,8 +679,8 @@ def test_max_pool_columns_kernel(data):
 def test_max_pool_windows_of_zeros(shape, attrs, entries, zeros, dtype):
     """Windows whose maximum is a zero, many of them, as after a ReLU: the kernels that scan
     a window column by column take a zero output again in row-major order only where the
-    input rows it reads hold a -0 (maxima.needs_retake). With zeros of one sign, of the
-    other, or of both, on two threads: the reference's bits."""
+    input rows it reads hold a -0 or a NaN (columns._rows_hold_negative_zero_or_nan). With
+    zeros of one sign, of the other, or of both, on two threads: the reference's bits."""
     from numbapool import _dispatch
     from numbapool._kernels import columns
 

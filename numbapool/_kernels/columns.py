@@ -146,23 +146,32 @@ def _three_wide_step_two_windows(columns, pairs, evens, target, base, count):
 
 
 @njit(inline="always")
-def _rows_hold_negative_zero_or_nan(source, row_offset, row_inside, starts, axes, taps,
-                                    tap_offsets, lead_count, start, count):
-    """Whether the input rows of a unit's windows hold a -0 or a NaN in their columns
-    [start, start + count) (those inside the input): rows the unit has just read. Where
-    they hold neither, the unit's zero outputs need no retake (every zero of their windows
-    is +0, and the scan returns one of the window's elements: float32's LLVM maximum too,
-    whose x86 code returns an operand) and there are no NaN outputs.
+def _input_row_starts(row_starts, row_offset, row_inside, starts, axes, taps, tap_offsets,
+                      k_last, start):
+    """row_starts[:n] = where a unit's window rows inside the input start (a row's first
+    tap every ``k_last`` in the tap table), ``start`` columns into each input row; returns
+    n."""
+    last = axes.shape[1] - 1
+    inside_rows = 0
+    for tap in range(0, taps.shape[0], k_last):
+        if row_inside or tap_is_inside(tap, taps, starts, axes, last):
+            row_starts[inside_rows] = row_offset + tap_offsets[tap] + start
+            inside_rows += 1
+    return inside_rows
+
+
+@njit(inline="always")
+def _rows_hold_negative_zero_or_nan(source, row_starts, inside_rows, count):
+    """Whether the input rows of a unit's windows (``inside_rows`` of them, from
+    _input_row_starts), ``count`` elements each, hold a -0 or a NaN: rows the unit has just
+    read. Where they hold neither, the unit's zero outputs need no retake (every zero of
+    their windows is +0, and the scan returns one of the window's elements: float32's LLVM
+    maximum too, whose x86 code returns an operand) and there are no NaN outputs.
     ReLU's outputs, whose zeros are +0, have many windows of zeros: each taken again, the
     resnet stem's MaxPool over them took 3 times onnxruntime's time. Scanned once per
     channel instead, they took 1.06 to 1.16x as long (the resnet stem, 3x3 s1)."""
-    last = axes.shape[1] - 1
-    k_last = taps.shape[0] // lead_count
-    for lead in range(lead_count):
-        tap = lead * k_last
-        if ((row_inside or tap_is_inside(tap, taps, starts, axes, last))
-                and holds_negative_zero_or_nan(
-                    source, np.uint64(row_offset + tap_offsets[tap] + start), np.uint64(count))):
+    for row in range(inside_rows):
+        if holds_negative_zero_or_nan(source, np.uint64(row_starts[row]), np.uint64(count)):
             return True
     return False
 
@@ -260,11 +269,8 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
                     row_starts[inside_rows] = h * in_last + span_start + lo
                     inside_rows += 1
         else:
-            for lead in range(lead_count):
-                tap = lead * k_last
-                if row_inside or tap_is_inside(tap, taps, starts, axes, last):
-                    row_starts[inside_rows] = row_offset + tap_offsets[tap] + span_start + lo
-                    inside_rows += 1
+            inside_rows = _input_row_starts(row_starts, row_offset, row_inside, starts, axes,
+                                            taps, tap_offsets, k_last, span_start + lo)
         if inside_rows == 0:
             lo = hi = 0
         elif lead_count == 1 and not planes:  # one input row per window
@@ -302,9 +308,11 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
         # zeros and NaNs taken again in row-major order, where the rows read hold a -0 or
         # a NaN (on the literal first: int8 and uint8 compile no retake)
         if check_ties and any_tie(out, out_begin, count):
-            if _rows_hold_negative_zero_or_nan(source, row_offset, row_inside, starts, axes,
-                                               taps, tap_offsets, lead_count, span_start + lo,
-                                               hi - lo):
+            if planes:  # row_starts held the folded plane's rows
+                inside_rows = _input_row_starts(row_starts, row_offset, row_inside, starts,
+                                                axes, taps, tap_offsets, k_last,
+                                                span_start + lo)
+            if _rows_hold_negative_zero_or_nan(source, row_starts, inside_rows, hi - lo):
                 for j in range(count):
                     if is_tie(decode(out[out_begin + np.uint64(j)])):
                         out[out_begin + np.uint64(j)] = border_max(
