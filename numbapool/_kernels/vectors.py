@@ -136,6 +136,13 @@ def _scratch(array_type, element):
             and array_type.mutable and array_type.ndim == 1 and array_type.layout == "C")
 
 
+def _vectors_at(builder, data, start, vector):
+    """offset -> a pointer to the ``vector`` of elements from data[start + offset]."""
+    pointer = vector.as_pointer()
+    return lambda offset: builder.bitcast(builder.gep(data, [builder.add(start, offset)]),
+                                          pointer)
+
+
 def _vector_pointer(context, builder, array_type, array, at, vector):
     data = context.make_array(array_type)(context, builder, array).data
     return builder.bitcast(builder.gep(data, [at]), vector.as_pointer())
@@ -154,10 +161,7 @@ def _add_to_lanes(builder, data, start, count, storage, lanes):
     loads whose lanes past the end load +0, which leaves a lane as it is (a lane is never
     -0: it starts at +0, and a sum is -0 only where both terms are)."""
     stored, suffix = _STORED[storage]
-    pointer = stored.as_pointer()
-
-    def vector_at(offset):
-        return builder.bitcast(builder.gep(data, [builder.add(start, offset)]), pointer)
+    vector_at = _vectors_at(builder, data, start, stored)
 
     def add_vectors(i, values):
         return [builder.fadd(value, _float32_vector(builder, builder.load(
@@ -165,8 +169,7 @@ def _add_to_lanes(builder, data, start, count, storage, lanes):
             for k, value in enumerate(values)]
 
     values, whole = _vector_loop(builder, count, LANES, lanes, add_vectors)
-    masked_load = _declare(builder, f"llvm.masked.load.{suffix}.p0", stored,
-                           [pointer, _I32, ir.VectorType(_I1, WIDTH), stored])
+    masked_load, _ = _masked_memory(builder, stored, suffix)
     # each vector that holds one of the elements left: a branch of its own, taken the same
     # way channel after channel, and the masks compared in 32 bits
     left = builder.trunc(builder.sub(count, whole), _I32)
@@ -271,10 +274,7 @@ def vector_key_max(typingctx, bits, start, count, magnitude_mask, sign_shift):
         start, count = args[1], args[2]
         mask, shift = _splat(builder, args[3], lanes), _splat(builder, args[4], lanes)
         smallest = ir.Constant(vector, [-(1 << (element.bitwidth - 1))] * lanes)
-        pointer = vector.as_pointer()
-
-        def vector_at(offset):
-            return builder.bitcast(builder.gep(data, [builder.add(start, offset)]), pointer)
+        vector_at = _vectors_at(builder, data, start, vector)
 
         def keys_and_magnitudes(loaded):
             key = builder.xor(loaded, builder.and_(builder.ashr(loaded, shift), mask))
@@ -289,8 +289,7 @@ def vector_key_max(typingctx, bits, start, count, magnitude_mask, sign_shift):
             lambda i, best: fold(best, keys_and_magnitudes(builder.load(vector_at(i),
                                                                         align=2))))
         inside = _left_lanes(builder, count, whole, 0, lanes)
-        masked_load = _declare(builder, f"llvm.masked.load.{suffix}.p0", vector,
-                               [pointer, _I32, ir.VectorType(_I1, lanes), vector])
+        masked_load, _ = _masked_memory(builder, vector, suffix)
         loaded = builder.call(masked_load, [vector_at(whole), ir.Constant(_I32, 2), inside,
                                             ir.Constant(vector, None)])
         key, magnitude = keys_and_magnitudes(loaded)
@@ -332,13 +331,10 @@ def holds_negative_zero_or_nan(typingctx, flat, start, count):
     def codegen(context, builder, signature, args):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
         start, count = args[1], args[2]
-        pointer = vector.as_pointer()
+        vector_at = _vectors_at(builder, data, start, vector)
         sign = ir.Constant(vector, [sign_bit] * lanes)
         magnitude = ir.Constant(vector, [sign_bit - 1] * lanes)
         infinite = ir.Constant(vector, [infinity] * lanes)
-
-        def vector_at(offset):
-            return builder.bitcast(builder.gep(data, [builder.add(start, offset)]), pointer)
 
         def or_found(found, loaded):
             negative_zero = builder.icmp_unsigned("==", loaded, sign)
@@ -381,11 +377,8 @@ def vector_float_max(typingctx, flat, start, count):
     def codegen(context, builder, signature, args):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
         start, count = args[1], args[2]
-        pointer = vector.as_pointer()
+        vector_at = _vectors_at(builder, data, start, vector)
         lowest = ir.Constant(vector, [float("-inf")] * lanes)
-
-        def vector_at(offset):
-            return builder.bitcast(builder.gep(data, [builder.add(start, offset)]), pointer)
 
         def fold(values, loaded):
             best, nan = values
@@ -396,8 +389,7 @@ def vector_float_max(typingctx, flat, start, count):
         values, whole = _vector_loop(
             builder, count, lanes, [lowest, ir.Constant(flags, [0] * lanes)],
             lambda i, values: fold(values, builder.load(vector_at(i), align=4)))
-        masked_load = _declare(builder, f"llvm.masked.load.{suffix}.p0", vector,
-                               [pointer, _I32, flags, vector])
+        masked_load, _ = _masked_memory(builder, vector, suffix)
         loaded = builder.call(masked_load, [vector_at(whole), ir.Constant(_I32, 4),
                                             _left_lanes(builder, count, whole, 0, lanes),
                                             lowest])
