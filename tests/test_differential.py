@@ -679,7 +679,7 @@ def test_max_pool_columns_kernel(data):
 def test_max_pool_windows_of_zeros(shape, attrs, entries, zeros, dtype):
     """Windows whose maximum is a zero, many of them, as after a ReLU: the kernels that scan
     a window column by column take a zero output again in row-major order only where the
-    input rows it reads hold a -0 or a NaN (columns._rows_hold_negative_zero_or_nan). With
+    input rows it reads hold a -0 or a NaN (vectors.rows_hold_negative_zero_or_nan). With
     zeros of one sign, of the other, or of both, on two threads: the reference's bits."""
     from numbapool import _dispatch
     from numbapool._kernels import columns
@@ -697,6 +697,61 @@ def test_max_pool_windows_of_zeros(shape, attrs, entries, zeros, dtype):
         assert launch.entry in getattr(_dispatch, entries).values()
     assert (expected == 0).sum() > expected.size // 4  # many windows of zeros
     assert got.tobytes() == expected.tobytes()
+
+
+# Bit patterns at the edges of the scan's keys (vectors.rows_hold_negative_zero_or_nan):
+# zeros, infinities, the NaNs nearest them and the largest, the largest finite values
+_EDGE_BITS = {
+    np.dtype(np.float16): (np.uint16, [0, 0x8000, 0x7C00, 0xFC00, 0x7C01, 0xFC01, 0x7FFF,
+                                       0xFFFF, 0x7BFF, 0xFBFF, 1, 0x8001]),
+    np.dtype(ml_dtypes.bfloat16): (np.uint16, [0, 0x8000, 0x7F80, 0xFF80, 0x7F81, 0xFF81,
+                                               0x7FFF, 0xFFFF, 0x7F7F, 0xFF7F, 1, 0x8001]),
+    np.dtype(np.float32): (np.uint32, [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7F800001,
+                                       0xFF800001, 0x7FFFFFFF, 0xFFFFFFFF, 0x7F7FFFFF,
+                                       0xFF7FFFFF, 1, 0x80000001]),
+    np.dtype(np.float64): (np.uint64, [0, 1 << 63, 0x7FF << 52, 0xFFF << 52, (0x7FF << 52) + 1,
+                                       (0xFFF << 52) + 1, (1 << 63) - 1, (1 << 64) - 1,
+                                       (0x7FF << 52) - 1, (0xFFF << 52) - 1, 1, (1 << 63) + 1]),
+}
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_rows_hold_negative_zero_or_nan(dtype):
+    """The scan that decides whether a unit's zeros are taken again: over rows of lengths
+    around its 512-bit vectors (whole vectors, a masked rest, both, none), each bit pattern
+    at the edges of its keys (inf is not a NaN, the smallest NaN is, +0 is not a -0) placed
+    alone among ordinary values: first, inside or last in a row, or just outside it. Against
+    numpy's own isnan and sign bit of the float values."""
+    from numba import njit
+
+    from numbapool._dispatch import storage_dtype
+    from numbapool._kernels.vectors import rows_hold_negative_zero_or_nan
+
+    @njit
+    def scan(flat, row_starts, count):
+        return rows_hold_negative_zero_or_nan(flat, row_starts, np.uint64(row_starts.size),
+                                              np.uint64(count))
+
+    dtype = np.dtype(dtype)
+    bits_type, patterns = _EDGE_BITS[dtype]
+    lanes = 64 // dtype.itemsize
+    ordinary = np.array([-2.5, -1.0, 0.5, 3.0], dtype=dtype)
+    found = 0
+    for count in (0, 1, lanes - 1, lanes, lanes + 1, 3 * lanes + 5):
+        for row_starts in ([3], [3, 2 * count + 9], [2 * count + 9, 3]):
+            row_starts = np.array(row_starts, dtype=np.int64)
+            last = row_starts[-1]
+            for at in {last - 1, last, last + count // 2, last + count - 1, last + count}:
+                for pattern in patterns:
+                    values = np.resize(ordinary, 4 * count + 20)
+                    values.view(bits_type)[at] = pattern
+                    expected = any(
+                        bool((np.isnan(row) | ((row == 0) & np.signbit(row))).any())
+                        for row in (values[start:start + count] for start in row_starts))
+                    got = scan(values.view(storage_dtype(dtype)), row_starts, count)
+                    assert got == expected, (hex(pattern), count, list(row_starts), at)
+                    found += expected
+    assert found > 0
 
 
 @pytest.mark.parametrize("shape, attrs", [

@@ -22,7 +22,7 @@ from .scratch import empty, full
 from .units import first_unit_row, tap_is_inside, unit_row
 from .maxima import (any_tie, border_max, fold_max_function, is_tie, max_run, nan_max,
                      start_maxima)
-from .vectors import (holds_negative_zero_or_nan, row_fold_first, row_fold_more,
+from .vectors import (row_fold_first, row_fold_more, rows_hold_negative_zero_or_nan,
                       three_wide_step_two)
 
 
@@ -133,16 +133,21 @@ def _three_wide_step_two_windows(columns, pairs, evens, target, base, count):
     from its pair and the next window's first tap, so that every load is of pairs or
     contiguous. Taken in one loop, the three taps loaded the first one element by element
     (LLVM took the second and third as a pair, and gathered the first). ``evens`` holds
-    count + 1 elements."""
+    count + 1 elements. Returns whether any window's maximum is_tie, found as it is stored
+    (any_tie's pass after it: the resnet stem 1.03x as long)."""
     for j in range(count):
         k = np.uint64(j)
         first = columns[np.uint64(2) * k]
         evens[k] = first
         pairs[k] = nan_max(first, columns[np.uint64(2) * k + np.uint64(1)])
     evens[np.uint64(count)] = columns[np.uint64(2 * count)]
+    suspect = False
     for j in range(count):
         k = np.uint64(j)
-        target[base + k] = nan_max(pairs[k], evens[k + np.uint64(1)])
+        value = nan_max(pairs[k], evens[k + np.uint64(1)])
+        suspect |= is_tie(decode(value))
+        target[base + k] = value
+    return suspect
 
 
 @njit(inline="always")
@@ -158,22 +163,6 @@ def _input_row_starts(row_starts, row_offset, row_inside, starts, axes, taps, ta
             row_starts[inside_rows] = row_offset + tap_offsets[tap] + start
             inside_rows += 1
     return inside_rows
-
-
-@njit(inline="always")
-def _rows_hold_negative_zero_or_nan(source, row_starts, inside_rows, count):
-    """Whether the input rows of a unit's windows (``inside_rows`` of them, from
-    _input_row_starts), ``count`` elements each, hold a -0 or a NaN: rows the unit has just
-    read. Where they hold neither, the unit's zero outputs need no retake (every zero of
-    their windows is +0, and the scan returns one of the window's elements: float32's LLVM
-    maximum too, whose x86 code returns an operand) and there are no NaN outputs.
-    ReLU's outputs, whose zeros are +0, have many windows of zeros: each taken again, the
-    resnet stem's MaxPool over them took 3 times onnxruntime's time. Scanned once per
-    channel instead, they took 1.06 to 1.16x as long (the resnet stem, 3x3 s1)."""
-    for row in range(inside_rows):
-        if holds_negative_zero_or_nan(source, np.uint64(row_starts[row]), np.uint64(count)):
-            return True
-    return False
 
 
 # Last-axis windows (width, step) whose taps column_units takes in one loop body, undilated
@@ -208,7 +197,7 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     the same either way, and so are its bits unless it is a zero (+0 and -0 compare equal)
     or a NaN (which NaN comes first depends on the order): with ``check_ties`` (float
     dtypes) those outputs are taken again in row-major order where the unit's input rows
-    hold a -0 or a NaN (_rows_hold_negative_zero_or_nan), so every result is the one
+    hold a -0 or a NaN (vectors.rows_hold_negative_zero_or_nan), so every result is the one
     docs/semantics.md states. Positions in the padding hold ``lowest``, which never wins
     against an input element of another value. ``vector_fold`` (8- and 16-bit dtypes)
     folds the rows in explicit vectors (_fold_column_rows). ``outer_axes``: the window has
@@ -292,27 +281,36 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
         # 1.1x faster in one loop body. Tested on the literals themselves, so that numba
         # drops the branch a kind does not take.
         if window_width == 3 and window_step == 2 and check_ties:
-            _three_wide_step_two_windows(columns, pairs, evens, out, out_begin, count)
-        elif window_width == 3 and window_step == 2 and vector_fold:  # int8 and uint8
-            three_wide_step_two(columns, out, out_begin, np.uint64(count))
-        elif window_width == 3 and window_step == 1 and dilation != 1:
-            _column_windows(columns, out, out_begin, count, 3, np.uint64(1),
-                            np.uint64(dilation))
-        elif window_width:
-            _column_windows(columns, out, out_begin, count, window_width,
-                            np.uint64(window_step), np.uint64(1))
+            suspect = _three_wide_step_two_windows(columns, pairs, evens, out, out_begin,
+                                                   count)
         else:
-            start_maxima(out, None, out_begin, count, lowest)
-            for kw in range(k_last):
-                max_run(columns, np.uint64(kw * dilation), step, out, out_begin, count)
+            if window_width == 3 and window_step == 2 and vector_fold:  # int8 and uint8
+                three_wide_step_two(columns, out, out_begin, np.uint64(count))
+            elif window_width == 3 and window_step == 1 and dilation != 1:
+                _column_windows(columns, out, out_begin, count, 3, np.uint64(1),
+                                np.uint64(dilation))
+            elif window_width:
+                _column_windows(columns, out, out_begin, count, window_width,
+                                np.uint64(window_step), np.uint64(1))
+            else:
+                start_maxima(out, None, out_begin, count, lowest)
+                for kw in range(k_last):
+                    max_run(columns, np.uint64(kw * dilation), step, out, out_begin, count)
+            suspect = check_ties and any_tie(out, out_begin, count)
         # zeros and NaNs taken again in row-major order, where the rows read hold a -0 or
-        # a NaN (on the literal first: int8 and uint8 compile no retake)
-        if check_ties and any_tie(out, out_begin, count):
+        # a NaN (on the literal first: int8 and uint8 compile no retake). Where they hold
+        # neither, every zero of the unit's windows is +0 and the scan returns one of the
+        # window's elements (float32's LLVM maximum too, whose x86 code returns an
+        # operand), and there are no NaN outputs. A ReLU's outputs, whose zeros are +0,
+        # have many windows of zeros: each retaken, the resnet stem's MaxPool over them
+        # took 3 times onnxruntime's time.
+        if check_ties and suspect:
             if planes:  # row_starts held the folded plane's rows
                 inside_rows = _input_row_starts(row_starts, row_offset, row_inside, starts,
                                                 axes, taps, tap_offsets, k_last,
                                                 span_start + lo)
-            if _rows_hold_negative_zero_or_nan(source, row_starts, inside_rows, hi - lo):
+            if rows_hold_negative_zero_or_nan(source, row_starts, np.uint64(inside_rows),
+                                              np.uint64(hi - lo)):
                 for j in range(count):
                     if is_tie(decode(out[out_begin + np.uint64(j)])):
                         out[out_begin + np.uint64(j)] = border_max(

@@ -27,7 +27,7 @@ from .codec import decode
 from .maxima import fold_max, fold_max_function, is_tie
 from .scratch import empty, full
 from .units import plane_axes
-from .vectors import holds_negative_zero_or_nan
+from .vectors import rows_hold_negative_zero_or_nan
 
 # The largest padded planes served, where it measured faster than the columns kernel
 # (A/B, one thread): windows of at most 3x3 taps, undilated, over planes up to 32x32 (3x3
@@ -130,6 +130,7 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
     out = y.reshape(y.size)
     plane_state = full(2, -1, np.int64)  # the plane last scanned for a -0 or a NaN, and
     # whether it holds one
+    plane_starts = empty(1, np.int64)  # its start, as one row of the scan
     unit = unit_begin
     while unit < unit_end:
         plane = unit // out_height
@@ -164,8 +165,9 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
                 # scanned once per plane and run
                 if plane_state[0] != plane:
                     plane_state[0] = plane
-                    plane_state[1] = holds_negative_zero_or_nan(
-                        source, np.uint64(plane_start), np.uint64(height * width))
+                    plane_starts[0] = plane_start
+                    plane_state[1] = rows_hold_negative_zero_or_nan(
+                        source, plane_starts, np.uint64(1), np.uint64(height * width))
                 for o in range(out_width if plane_state[1] else 0):
                     if is_tie(decode(out[out_at + np.uint64(o)])):
                         out[out_at + np.uint64(o)] = _row_major_max(
