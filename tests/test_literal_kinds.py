@@ -68,6 +68,40 @@ def test_non_literal_arguments_keep_every_branch():
     assert (run(5, 0, False), run(5, 1, False), run(5, 0, True)) == (6, 10, 5)
 
 
+def test_a_branch_a_literal_kind_never_takes_is_pruned_before_inlining(monkeypatch):
+    # numba inlines the callees of every branch still there, before its later pruning:
+    # the kernels' first calls spent that time on the branches of the other kinds
+    from numba.core import inline_closurecall
+
+    inlined = []
+    inline = inline_closurecall.InlineWorker.inline_function
+
+    def recording(self, caller_ir, block, i, function, *rest):
+        inlined.append(function.__name__)
+        return inline(self, caller_ir, block, i, function, *rest)
+
+    monkeypatch.setattr(inline_closurecall.InlineWorker, "inline_function", recording)
+
+    @njit(inline="always")
+    def plus_one(x):
+        return x + 1
+
+    @njit(inline="always")
+    def twice(x):
+        return x * 2
+
+    @njit(pipeline_class=LiteralKindsCompiler)
+    def by_kind(x, kind, flag):
+        if kind == 0 and flag:
+            return plus_one(x)
+        return twice(x)
+
+    taken = _compiled_for(by_kind, types.int64, types.literal(0), types.literal(True))
+    assert (taken(5, 0, True), inlined) == (6, ["plus_one"])
+    other = _compiled_for(by_kind, types.int64, types.literal(0), types.literal(False))
+    assert (other(5, 0, False), inlined) == (10, ["plus_one", "twice"])
+
+
 _COMPILES_PER_OPERATOR = """
 import collections, json
 import numpy as np

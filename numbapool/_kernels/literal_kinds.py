@@ -31,8 +31,12 @@ class LiteralArgumentsAsConstants(FunctionPass):
                     continue
                 given = state.args[statement.value.index]
                 if isinstance(given, (types.IntegerLiteral, types.BooleanLiteral)):
-                    block.body[i] = ir.Assign(ir.Const(given.literal_value, statement.loc),
-                                              statement.target, statement.loc)
+                    constant = ir.Const(given.literal_value, statement.loc)
+                    block.body[i] = ir.Assign(constant, statement.target, statement.loc)
+                    # the definition the pruning reads: left as the argument, the pruning
+                    # before inlining kept every branch, and each callee in them was
+                    # inlined before a later pruning dropped it
+                    state.func_ir._definitions[statement.target.name] = [constant]
                     changed = True
         return changed
 
