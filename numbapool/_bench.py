@@ -305,16 +305,52 @@ def plot(rows: list, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+@numba.njit(parallel=True, cache=True)
+def _square_roots(values, out):
+    for row in numba.prange(values.shape[0]):
+        for i in range(values.shape[1]):
+            out[row, i] = np.sqrt(values[row, i])
+
+
+@numba.njit(parallel=True, cache=True)
+def _products_and_sums(values, out):
+    for row in numba.prange(values.shape[0]):
+        for i in range(values.shape[1]):
+            value = values[row, i]
+            for _ in range(8):  # a chain: each step waits on the one before
+                value = value * 1.0000001 + 1e-9
+            out[row, i] = value
+
+
+def arithmetic_calls() -> list:
+    """[(name, element count, call)]: the machine's float64 arithmetic alone, no pooling,
+    over 2 MiB of values the caches hold, its rows dealt out to the threads: the speedup
+    that arithmetic gets from the threads at the moment, beside the pools'. On a shared
+    machine a second thread's share varies: where it is low, compute-bound pools speed up
+    as little."""
+    values = np.random.default_rng(0).random((64, 4096)) + 1.0
+    out = np.empty_like(values)
+    return [(name, values.size, lambda kernel=kernel: kernel(values, out))
+            for name, kernel in (("float64 square roots (no pooling)", _square_roots),
+                                 ("8 chained products and sums (no pooling)",
+                                  _products_and_sums))]
+
+
 def scaling(threads: int, rounds: int) -> str:
     """numbapool alone at 1 and at ``threads`` threads, interleaved: time per call, speedup
-    (median of per-round ratios) and time per million input elements."""
+    (median of per-round ratios) and time per million input elements; then the same for
+    plain arithmetic (arithmetic_calls)."""
     lines = [f"| case | input elements | 1 thread ms | {threads} threads ms | speedup "
              f"| {threads} threads ms per million elements |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    calls = []
     for case in SCALING_CASES:
         x = make_input(case.shape, case.dtype, case.data)
         call = runner(case, x)
         ready(call)
+        calls.append((case.name, x.size, call))
+    for name, size, call in calls + arithmetic_calls():
+        call()
         times = {1: [], threads: []}
         for r in range(rounds):
             for count in ((1, threads) if r % 2 else (threads, 1)):
@@ -323,8 +359,8 @@ def scaling(threads: int, rounds: int) -> str:
         numba.set_num_threads(threads)
         speedup = statistics.median(a / b for a, b in zip(times[1], times[threads]))
         one, many = (1e3 * statistics.median(times[c]) for c in (1, threads))
-        lines.append(f"| {case.name} | {x.size} | {one:.3f} | {many:.3f} | {speedup:.2f} "
-                     f"| {many / (x.size / 1e6):.3f} |")
+        lines.append(f"| {name} | {size} | {one:.3f} | {many:.3f} | {speedup:.2f} "
+                     f"| {many / (size / 1e6):.3f} |")
     return "\n".join(lines)
 
 
