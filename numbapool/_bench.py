@@ -455,7 +455,8 @@ def main(argv=None) -> int:
                         help="only these cases: " + ", ".join(repr(c.name) for c in CASES))
     parser.add_argument("--plot", metavar="PNG", help="also draw the ratios into this file")
     parser.add_argument("--scaling", action="store_true",
-                        help="instead: numbapool at 1 and N threads, over sizes")
+                        help="instead: numbapool at 1 and N threads, over sizes, beside "
+                             "plain arithmetic")
     parser.add_argument("--first-call", action="store_true",
                         help="instead: each operator's first call in fresh processes, on an "
                              "empty and a warm cache, and warmup of float32")
