@@ -678,8 +678,9 @@ def test_max_pool_columns_kernel(data):
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_max_pool_windows_of_zeros(shape, attrs, entries, zeros, dtype):
     """Windows whose maximum is a zero, many of them, as after a ReLU: the kernels that scan
-    a window column by column take a zero output again in row-major order only where the
-    input rows it reads hold a -0 or a NaN (vectors.rows_hold_negative_zero_or_nan). With
+    a window column by column take a zero output again in row-major order only where a -0
+    or a NaN is found (vectors.rows_hold_negative_zero_or_nan) in its column maxima (the
+    columns kernel; over folded planes, its input rows) or its plane (small planes). With
     zeros of one sign, of the other, or of both, on two threads: the reference's bits."""
     from numbapool import _dispatch
     from numbapool._kernels import columns
@@ -698,6 +699,35 @@ def test_max_pool_windows_of_zeros(shape, attrs, entries, zeros, dtype):
     assert (expected == 0).sum() > expected.size // 4  # many windows of zeros
     assert got.tobytes() == expected.tobytes()
 
+
+@pytest.mark.parametrize("attrs", [dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4),
+                                   dict(kernel_shape=[4, 4], strides=[2, 2], pads=[1] * 4)])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_max_pool_columns_scan_every_column(attrs, dtype):
+    """The columns kernel retakes a unit's zero and NaN outputs where its column maxima hold
+    a -0 or a NaN: a window's row-major answer is the first maximum of its column. Each
+    channel of -1s holds one -0 (or one NaN) and, a row below, in another column, one +0
+    (another NaN), so that a window's columns hold both and its row-major answer is the
+    first: at every place, the first and last columns of a unit's span included."""
+    from numbapool._kernels import columns
+
+    height, width = 5, 9
+    places = [(row, first, second) for row in range(height - 1) for first in range(width)
+              for second in range(width) if second != first]
+    storage = {2: np.uint16, 4: np.uint32, 8: np.uint64}[np.dtype(dtype).itemsize]
+    bits = _EDGE_BITS[np.dtype(dtype)][1]  # 0, the sign bit alone (-0), ..., quiet NaNs
+    quiet_nans = [bits[6], bits[7]]  # all ones but the sign bit, all ones
+    for early, late in [(bits[1], bits[0]), (quiet_nans[0], quiet_nans[1])]:
+        x = np.full((1, len(places), height, width), -1.0, dtype)
+        raw = x.view(storage)
+        for channel, (row, first, second) in enumerate(places):
+            raw[0, channel, row, first] = early
+            raw[0, channel, row + 1, second] = late
+        expected, _ = reference.pool("MaxPool", x, **attrs)
+        plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
+        got, launch = _on_two_threads(plan, lambda: numbapool.max_pool(x, **attrs))
+        assert launch.entry.kernel is columns.column_units
+        assert got.tobytes() == expected.tobytes()
 
 # Bit patterns at the edges of the scan's keys (vectors.rows_hold_negative_zero_or_nan):
 # zeros, infinities, the NaNs nearest them and the largest, the largest finite values

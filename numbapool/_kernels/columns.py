@@ -7,7 +7,8 @@ row; with three or more axes, the outer axes' taps are first folded over whole i
 Over one axis the row is the input row, copied. It took the resnet stem from 1.40x to 0.75x
 and the 3-d case from 3.33x to 0.87x of onnxruntime's time. Zeros and NaNs, where a
 column-major scan could pick another bit pattern than the row-major one, are taken again in
-row-major order where the input rows hold a -0 or a NaN: results are the same bit for bit.
+row-major order where the column maxima (over folded planes, the input rows) hold a -0 or a
+NaN: results are the same bit for bit.
 """
 
 import numpy as np
@@ -196,8 +197,9 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     That scans a window column by column instead of row by row. The maximum's value is
     the same either way, and so are its bits unless it is a zero (+0 and -0 compare equal)
     or a NaN (which NaN comes first depends on the order): with ``check_ties`` (float
-    dtypes) those outputs are taken again in row-major order where the unit's input rows
-    hold a -0 or a NaN (vectors.rows_hold_negative_zero_or_nan), so every result is the one
+    dtypes) those outputs are taken again in row-major order where the unit's column maxima
+    (or, over folded planes, its input rows) hold a -0 or a NaN
+    (vectors.rows_hold_negative_zero_or_nan), so every result is the one
     docs/semantics.md states. Positions in the padding hold ``lowest``, which never wins
     against an input element of another value. ``vector_fold`` (8- and 16-bit dtypes)
     folds the rows in explicit vectors (_fold_column_rows). ``outer_axes``: the window has
@@ -214,6 +216,7 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     lead_count = taps.shape[0] // k_last
     columns = empty((block - 1) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last], x.dtype)
     row_starts = empty(lead_count, np.int64)
+    column_start = empty(1, np.int64)  # where the scan for a -0 or a NaN starts in columns
     # scratch of _three_wide_step_two_windows (unused by the other kinds)
     pairs = empty(block, x.dtype)
     evens = empty(block + 1, x.dtype)
@@ -297,7 +300,7 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
                 for kw in range(k_last):
                     max_run(columns, np.uint64(kw * dilation), step, out, out_begin, count)
             suspect = check_ties and any_tie(out, out_begin, count)
-        # zeros and NaNs taken again in row-major order, where the rows read hold a -0 or
+        # zeros and NaNs taken again in row-major order, where the windows hold a -0 or
         # a NaN (on the literal first: int8 and uint8 compile no retake). Where they hold
         # neither, every zero of the unit's windows is +0 and the scan returns one of the
         # window's elements (float32's LLVM maximum too, whose x86 code returns an
@@ -305,12 +308,25 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
         # have many windows of zeros: each retaken, the resnet stem's MaxPool over them
         # took 3 times onnxruntime's time.
         if check_ties and suspect:
-            if planes:  # row_starts held the folded plane's rows
+            if planes:  # row_starts held the folded plane's rows, folded by nan_max
                 inside_rows = _input_row_starts(row_starts, row_offset, row_inside, starts,
                                                 axes, taps, tap_offsets, k_last,
                                                 span_start + lo)
-            if rows_hold_negative_zero_or_nan(source, row_starts, np.uint64(inside_rows),
-                                              np.uint64(hi - lo)):
+                held = rows_hold_negative_zero_or_nan(source, row_starts,
+                                                      np.uint64(inside_rows),
+                                                      np.uint64(hi - lo))
+            else:
+                # The column maxima stand for the rows: the fold keeps each column's first
+                # maximum and first NaN (fold_max), and a window's row-major answer, when
+                # a zero or a NaN, is the first maximum of its column (nothing as large
+                # lies above it). A -0 or a NaN that decides a window is among them, a
+                # third of the elements at three rows (the resnet stem over a ReLU's
+                # outputs 0.88 to 0.91 of the time).
+                column_start[0] = lo
+                held = rows_hold_negative_zero_or_nan(columns, column_start,
+                                                      np.uint64(min(inside_rows, 1)),
+                                                      np.uint64(hi - lo))
+            if held:
                 for j in range(count):
                     if is_tie(decode(out[out_begin + np.uint64(j)])):
                         out[out_begin + np.uint64(j)] = border_max(
