@@ -152,8 +152,11 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
                      *entry.kinds)
     special = _specialized(plan)
     if special is not None and special[0] in _ROW_KERNELS and not whole_rows:
-        # the row kernels take whole output rows: parts of rows go the general way
-        special = _columns_special(plan) if plan.op == "MaxPool" else None
+        special = None  # the row kernels take whole output rows: parts of rows go the general way
+    if special is None and plan.op == "MaxPool":
+        # every MaxPool without Indices that no other kernel serves; its shortest run of
+        # units decides whether it folds planes
+        special = _columns_special(plan, block, units // chunks if chunks else units)
     if special is not None:
         entry, arguments = special[0], (*special[1], block, *special[0].kinds)
     rows_shape = (plan.in_shape[0] * plan.in_shape[1], math.prod(plan.spatial_in))
@@ -377,8 +380,8 @@ def _specialized(plan: WindowPlan):
     LpPool's (p = 2) 3x3 windows at strides of 1 or 2 over small planes
     (planes.plane_sum_units), AveragePool's other
     2-D windows and LpPool's with p = 2 at the steps along the rows of _wide_window, and
-    their 1-D ones at steps 2 and 4 (wide.wide_sum_units), else, for every other MaxPool,
-    the input-rows-first columns.column_units for its kind."""
+    their 1-D ones at steps 2 and 4 (wide.wide_sum_units); every other MaxPool takes the
+    input-rows-first columns.column_units for its kind (_columns_special, in _launch)."""
     try:
         return plan.launches["special"]
     except KeyError:
@@ -411,21 +414,21 @@ def _specialized(plan: WindowPlan):
     elif plan.op == "MaxPool" and _max_plane_window(plan):
         special = (_MAX_PLANES[plan.dtype.kind not in "iu"],
                    (lowest_value(plan.dtype), g["axes"]))
-    elif plan.op == "MaxPool":
-        special = _columns_special(plan)
     plan.launches["special"] = special
     return special
 
 
-def _columns_special(plan: WindowPlan) -> tuple:
-    """_specialized's answer for a MaxPool that columns.column_units serves, for its kind."""
+def _columns_special(plan: WindowPlan, block: int, run_units: int) -> tuple:
+    """(entry point, arguments but the block and kinds) of columns.column_units for a
+    MaxPool without Indices, its kind chosen for this split into runs of at least
+    ``run_units`` units of ``block`` outputs."""
     g = plan.geometry
     # zeros and NaNs are checked for ties only where they exist: not in int8 / uint8
     check_ties = plan.dtype.kind not in "iu"
     vector_fold = plan.dtype.itemsize <= 2  # 8- and 16-bit elements
     kind = columns.column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1])
-    outer_axes = len(plan.kernel_shape) >= 3  # may fold whole planes first
-    return (EntryPoint(columns.column_units, (*kind, check_ties, vector_fold, outer_axes)),
+    fold_planes = columns.folds_planes(plan.spatial_in, plan.out_shape[2:], block, run_units)
+    return (EntryPoint(columns.column_units, (*kind, check_ties, vector_fold, fold_planes)),
             (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]))
 
 

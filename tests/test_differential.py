@@ -661,8 +661,7 @@ def test_max_pool_columns_kernel(data):
     plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
     plan.launches.clear()
     with mock.patch.object(_dispatch, "_max_plane_window", lambda plan: False):
-        special = _dispatch._specialized(plan)
-        assume(special is not None and special[0] in _dispatch._columns_special(plan)[:1])
+        assume(_dispatch._specialized(plan) is None)  # the columns kernel's MaxPool
         got = _generic_result(numbapool.max_pool, x, attrs, plan,
                               (_dispatch, "_max_plane_window", lambda plan: False))
     assert got.tobytes() == expected[0].tobytes()
@@ -728,6 +727,41 @@ def test_max_pool_columns_scan_every_column(attrs, dtype):
         got, launch = _on_two_threads(plan, lambda: numbapool.max_pool(x, **attrs))
         assert launch.entry.kernel is columns.column_units
         assert got.tobytes() == expected.tobytes()
+
+@pytest.mark.parametrize("shape, attrs", [
+    ((2, 4, 7, 9, 11), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),
+    ((2, 4, 6, 8, 10), dict(kernel_shape=[2, 3, 4], strides=[1, 2, 3], pads=[1, 0, 2] * 2)),
+    ((1, 3, 4, 5, 6, 7), dict(kernel_shape=[2, 2, 3, 3], dilations=[1, 2, 1, 2])),
+])
+@pytest.mark.parametrize("fold_planes", [False, True])
+# float32 folds in numba's loop, the others in vectors; uint8 retakes no zeros or NaNs
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.uint8])
+def test_max_pool_columns_kinds_over_three_axes(shape, attrs, fold_planes, dtype):
+    """Over three axes and more the columns kernel folds whole input planes first where
+    columns.folds_planes holds, and input rows otherwise: either kind, chosen here whatever
+    the shapes, gives the reference's bits (zeros of both signs, NaNs of two payloads)."""
+    from numbapool._kernels import columns
+
+    rng = np.random.default_rng(len(shape))
+    if np.dtype(dtype).kind == "f":
+        bits_type, patterns = _TIE_BITS[np.dtype(dtype)]
+        x = np.array(patterns, bits_type)[rng.integers(0, len(patterns), shape)].view(dtype)
+    else:
+        x = rng.integers(-3, 4, shape).astype(dtype)
+    expected, _ = reference.pool("MaxPool", x, **attrs)
+    plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
+    plan.launches.clear()
+    try:
+        with mock.patch.object(columns, "folds_planes", lambda *shapes: fold_planes), \
+                numbapool.threads(2):
+            got = numbapool.max_pool(x, **attrs)
+        launches = [launch for key, launch in plan.launches.items() if isinstance(key, int)]
+        assert [launch.entry.kinds[-1] for launch in launches] == [fold_planes]
+        assert launches[0].entry.kernel is columns.column_units
+    finally:
+        plan.launches.clear()
+    assert got.tobytes() == expected.tobytes()
+
 
 # Bit patterns at the edges of the scan's keys (vectors.rows_hold_negative_zero_or_nan):
 # zeros, infinities, the NaNs nearest them and the largest, the largest finite values

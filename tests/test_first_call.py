@@ -199,7 +199,7 @@ def test_a_first_call_leaves_its_driver_to_a_background_compile(tmp_path):
 def test_a_first_maxpool_over_two_axes_compiles_no_fold_of_planes(tmp_path):
     """MaxPool over two axes never folds whole planes: its first call does not compile
     columns.fold_outer_planes (0.6 s of that call's compile), which only the columns
-    kernel's kinds for three axes and more call."""
+    kernel's kinds that fold planes (``fold_planes``, three axes and more) call."""
     assert "fold_outer_planes" not in _run_driver_script(tmp_path)["compiled"]
 
 

@@ -3,8 +3,8 @@
 _dispatch chooses it for MaxPool without Indices but the fixed windows, over any number of
 spatial axes. A window's input rows are folded element by element into one row of column
 maxima (contiguous loads, which vectorize), then the last-axis taps are taken once per output
-row; with three or more axes, the outer axes' taps are first folded over whole input planes.
-Over one axis the row is the input row, copied. It took the resnet stem from 1.40x to 0.75x
+row; with three or more axes, the outer axes' taps are first folded over whole input planes
+where they fit (a kind of its own, ``fold_planes``). Over one axis the row is the input row, copied. It took the resnet stem from 1.40x to 0.75x
 and the 3-d case from 3.33x to 0.87x of onnxruntime's time. Zeros and NaNs, where a
 column-major scan could pick another bit pattern than the row-major one, are taken again in
 row-major order where the column maxima (over folded planes, the input rows) hold a -0 or a
@@ -85,6 +85,18 @@ def copy_row(columns, lo, hi, source, start):
 # The largest input plane (last two axes) column_units folds into scratch: 256 KiB of
 # float32, within a core's L2 cache.
 PLANE_ELEMENTS = 1 << 16
+
+
+def folds_planes(spatial_in, spatial_out, block, run_units) -> bool:
+    """Whether a MaxPool over these spatial shapes takes column_units' kind that folds
+    whole input planes first (``fold_planes``): three axes or more, planes (the last two
+    axes) of PLANE_ELEMENTS at most, and runs of at least ``run_units`` units (``block``
+    outputs each along the last axis) that cover four output planes or more: a plane is
+    folded whole, even for a run that needs a few of its rows."""
+    if len(spatial_in) < 3 or spatial_in[-2] * spatial_in[-1] > PLANE_ELEMENTS:
+        return False
+    plane_units = spatial_out[-2] * -(-spatial_out[-1] // block)
+    return run_units >= 4 * plane_units
 
 
 @kernel()  # not inlined: once per run of units, and column_units' loops compile smaller
@@ -189,7 +201,7 @@ def column_kind(width, step, dilation):
 # loops of its own with them constant.
 @kernel()
 def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block,
-                 window_width, window_step, check_ties, vector_fold, outer_axes):
+                 window_width, window_step, check_ties, vector_fold, fold_planes):
     """MaxPool without Indices, input rows first: the window's input rows are folded
     element by element into one row of column maxima (contiguous loads, which vectorize),
     then the last-axis taps are taken once per output row from that row.
@@ -202,10 +214,12 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     (vectors.rows_hold_negative_zero_or_nan), so every result is the one
     docs/semantics.md states. Positions in the padding hold ``lowest``, which never wins
     against an input element of another value. ``vector_fold`` (8- and 16-bit dtypes)
-    folds the rows in explicit vectors (_fold_column_rows). ``outer_axes``: the window has
-    three axes or more, whose outer taps may fold whole planes first (fold_outer_planes,
-    compiled only for this kind: 0.6 s of a first call's compile where fewer axes never
-    fold planes).
+    folds the rows in explicit vectors (_fold_column_rows). ``fold_planes``: the window
+    has three axes or more, and its taps along the axes before the last two fold whole
+    input planes first (fold_outer_planes), in every unit; the dispatcher chooses it where
+    folds_planes holds. The other kinds take a window's input rows from the input itself,
+    over any number of axes, and compile none of the planes' code (a kind that chose
+    between the two at run time took 0.5 s longer to compile).
     """
     last = axes.shape[1] - 1
     step = np.uint64(axes[AXIS_STRIDE, last])
@@ -221,18 +235,12 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     pairs = empty(block, x.dtype)
     evens = empty(block + 1, x.dtype)
     starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
-    # Three or more axes: the window's taps along the axes before the last two are first
-    # folded over whole input planes (one long loop per plane), once per run of units that
-    # share them; each output row then folds only its rows of that plane. Only for planes
-    # that fit the scratch limit, and runs that cover several output planes (a plane is
-    # folded whole, even for a run that needs a few of its rows).
+    # fold_planes: the window's taps along the axes before the last two are first folded
+    # over whole input planes (one long loop per plane), once per run of units that share
+    # them; each output row then folds only its rows of that plane.
     height = last - 1
     k_height = taps[taps.shape[0] - 1, height] + 1
-    plane_size = axes[AXIS_IN, height] * in_last
-    plane_units = axes[AXIS_OUT, height] * ((axes[AXIS_OUT, last] + block - 1) // block)
-    planes = (outer_axes and height > 0 and plane_size <= PLANE_ELEMENTS
-              and unit_end - unit_begin >= 4 * plane_units)
-    plane = empty(plane_size if planes else 0, x.dtype)
+    plane = empty(axes[AXIS_IN, height] * in_last if fold_planes else 0, x.dtype)
     # the plane's key and whether it is empty, in memory: as values carried from unit to
     # unit, they made the loop over two axes up to 1.15x slower
     plane_state = full(2, -1, np.int64)
@@ -245,16 +253,17 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
         lo = min(span, max(0, -span_start))  # columns[lo:hi] lie inside the input
         hi = max(lo, min(span, in_last - span_start))
         inside_rows = 0
-        if planes:
+        # the kinds tested on the literals themselves, so that numba drops the branches a
+        # kind does not take
+        if fold_planes:
             key = nc
             for axis in range(height):
                 key = key * axes[AXIS_OUT, axis] + positions[axis]
             if key != plane_state[0]:
                 plane_state[0] = key
-                if outer_axes:  # on the literal alone, so that numba drops the call
-                    plane_state[1] = fold_outer_planes(plane, source, row_offset, starts, axes,
-                                                       taps, tap_offsets, row_starts,
-                                                       k_height * k_last, prefetching)
+                plane_state[1] = fold_outer_planes(plane, source, row_offset, starts, axes,
+                                                   taps, tap_offsets, row_starts,
+                                                   k_height * k_last, prefetching)
             for row in range(k_height):
                 h = starts[height] + row * axes[AXIS_DILATION, height]
                 if plane_state[1] and 0 <= h < axes[AXIS_IN, height]:
@@ -265,12 +274,12 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
                                             taps, tap_offsets, k_last, span_start + lo)
         if inside_rows == 0:
             lo = hi = 0
-        elif lead_count == 1 and not planes:  # one input row per window
+        elif lead_count == 1 and not fold_planes:  # one input row per window
             copy_row(columns, lo, hi, source, row_starts[0])
         else:
-            _fold_column_rows(columns, lo, hi, plane if planes else source, row_starts,
+            _fold_column_rows(columns, lo, hi, plane if fold_planes else source, row_starts,
                               inside_rows, vector_fold, False)
-            if prefetching and not planes:
+            if prefetching and not fold_planes:
                 # the rows the next units read: as many as an output row steps over
                 prefetch_ahead(source, np.uint64(row_starts[inside_rows - 1]),
                                np.uint64((hi - lo) * axes[AXIS_STRIDE, last - 1]))
@@ -308,7 +317,7 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
         # have many windows of zeros: each retaken, the resnet stem's MaxPool over them
         # took 3 times onnxruntime's time.
         if check_ties and suspect:
-            if planes:  # row_starts held the folded plane's rows, folded by nan_max
+            if fold_planes:  # row_starts held the folded plane's rows, folded by nan_max
                 inside_rows = _input_row_starts(row_starts, row_offset, row_inside, starts,
                                                 axes, taps, tap_offsets, k_last,
                                                 span_start + lo)
