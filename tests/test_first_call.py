@@ -196,13 +196,6 @@ def test_a_first_call_leaves_its_driver_to_a_background_compile(tmp_path):
                                             "same": True, "compiled": []}
 
 
-def test_a_first_maxpool_over_two_axes_compiles_no_fold_of_planes(tmp_path):
-    """MaxPool over two axes never folds whole planes: its first call does not compile
-    columns.fold_outer_planes (0.6 s of that call's compile), which only the columns
-    kernel's kinds that fold planes (``fold_planes``, three axes and more) call."""
-    assert "fold_outer_planes" not in _run_driver_script(tmp_path)["compiled"]
-
-
 def test_a_first_call_hands_the_units_left_to_its_driver_once_compiled(tmp_path):
     """A first call runs its units on the calling thread a piece at a time while its
     driver compiles; once the driver is ready, it runs the rest: here after one piece.

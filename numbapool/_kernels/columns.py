@@ -4,8 +4,9 @@ _dispatch chooses it for MaxPool without Indices but the fixed windows, over any
 spatial axes. A window's input rows are folded element by element into one row of column
 maxima (contiguous loads, which vectorize), then the last-axis taps are taken once per output
 row; with three or more axes, the outer axes' taps are first folded over whole input planes
-where they fit (a kind of its own, ``fold_planes``). Over one axis the row is the input row, copied. It took the resnet stem from 1.40x to 0.75x
-and the 3-d case from 3.33x to 0.87x of onnxruntime's time. Zeros and NaNs, where a
+where they fit (a kind of its own, ``fold_planes``). Over one axis the row is the input row,
+copied. It took the resnet stem from 1.40x to 0.75x and the 3-d case from 3.33x to 0.87x of
+onnxruntime's time. Zeros and NaNs, where a
 column-major scan could pick another bit pattern than the row-major one, are taken again in
 row-major order where the column maxima (over folded planes, the input rows) hold a -0 or a
 NaN: results are the same bit for bit.
@@ -28,18 +29,20 @@ from .vectors import (row_fold_first, row_fold_more, rows_hold_negative_zero_or_
 
 
 @njit(inline="always")
-def _row_max(kept, value, whole_planes):
-    # over whole planes nan_max (the 3-d case 0.92 of the time); over rows fold_max: rows
-    # of 224 float32 took 1.3x as long through LLVM's maximum
-    return nan_max(kept, value) if whole_planes else fold_max_function(kept, value)
+def _row_max(kept, value, keep_first):
+    # keep_first: fold_max, which keeps each column's first maximum and first NaN, as the
+    # scan of the column maxima needs (rows of 224 float32 took 1.3x as long through LLVM's
+    # maximum); else nan_max, for the kinds that fold planes (the 3-d case 0.92 of the time)
+    return fold_max_function(kept, value) if keep_first else nan_max(kept, value)
 
 
 @njit(inline="always")
-def _fold_column_rows(columns, lo, hi, source, row_starts, rows, vector_fold, whole_planes):
+def _fold_column_rows(columns, lo, hi, source, row_starts, rows, vector_fold, keep_first):
     """columns[lo:hi] = the element-wise maximum of ``rows`` input rows (at least one),
     columns[lo] coming from source[row_starts[r]]. Three rows per pass over the columns:
     the first pass takes 1 to 3 rows (a row taken twice changes nothing), so that the
-    rest go in threes. ``whole_planes``: the rows are fold_outer_planes' planes.
+    rest go in threes. ``keep_first`` (a constant): each column keeps its first maximum
+    and first NaN (_row_max).
 
     With ``vector_fold`` (a constant: a literal kind, for 8- and 16-bit dtypes), a pass
     is vectors.row_fold_first or row_fold_more: numba's loop left those dtypes to LLVM's
@@ -62,17 +65,17 @@ def _fold_column_rows(columns, lo, hi, source, row_starts, rows, vector_fold, wh
         return
     for i in range(hi - lo):
         k = np.uint64(i)
-        columns[base + k] = _row_max(_row_max(source[at0 + k], source[at1 + k], whole_planes),
-                                     source[at2 + k], whole_planes)
+        columns[base + k] = _row_max(_row_max(source[at0 + k], source[at1 + k], keep_first),
+                                     source[at2 + k], keep_first)
     for r in range(take, rows, 3):
         at0 = np.uint64(row_starts[r])
         at1 = np.uint64(row_starts[r + 1])
         at2 = np.uint64(row_starts[r + 2])
         for i in range(hi - lo):
             k = np.uint64(i)
-            kept = _row_max(columns[base + k], source[at0 + k], whole_planes)
-            kept = _row_max(kept, source[at1 + k], whole_planes)
-            columns[base + k] = _row_max(kept, source[at2 + k], whole_planes)
+            kept = _row_max(columns[base + k], source[at0 + k], keep_first)
+            kept = _row_max(kept, source[at1 + k], keep_first)
+            columns[base + k] = _row_max(kept, source[at2 + k], keep_first)
 
 
 @kernel()  # not inlined: a branch of its own in the inlined fold slowed the 2-D loops 1.2-1.6x
@@ -99,14 +102,11 @@ def folds_planes(spatial_in, spatial_out, block, run_units) -> bool:
     return run_units >= 4 * plane_units
 
 
-@kernel()  # not inlined: once per run of units, and column_units' loops compile smaller
-def fold_outer_planes(plane, source, row_offset, starts, axes, taps, tap_offsets, plane_starts,
-                      plane_taps, prefetching):
-    """plane = the element-wise maximum of the input planes (the last two axes, whole)
-    under the window's taps along the axes before them; ``plane_taps`` taps apart in the
-    tap table. Returns False when none of them lies inside the input. With
-    ``prefetching``, asks for the planes the next output plane steps over, past the last
-    one folded."""
+@njit(inline="always")
+def _outer_plane_starts(plane_starts, row_offset, starts, axes, taps, tap_offsets, plane_taps):
+    """plane_starts[:n] = where the input planes (the last two axes, whole) under a unit's
+    window taps along the axes before them start, those inside the input; ``plane_taps``
+    taps apart in the tap table. Returns n."""
     height = axes.shape[1] - 2
     # input offset of the window's start along the outer axes, height start taken out
     outer = row_offset - starts[height] * axes[AXIS_INPUT_STRIDE, height]
@@ -115,13 +115,7 @@ def fold_outer_planes(plane, source, row_offset, starts, axes, taps, tap_offsets
         if tap_is_inside(tap, taps, starts, axes, height):
             plane_starts[count] = outer + tap_offsets[tap]
             count += 1
-    if count > 0:
-        # whole planes: numba's loop, whose leftovers are few next to a plane
-        _fold_column_rows(plane, 0, plane.size, source, plane_starts, count, False, True)
-        if prefetching:
-            prefetch_range(source, np.uint64(plane_starts[count - 1] + plane.size),
-                           np.uint64(plane.size * axes[AXIS_STRIDE, height - 1]))
-    return count > 0
+    return count
 
 
 @njit(inline="always")
@@ -216,10 +210,10 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     against an input element of another value. ``vector_fold`` (8- and 16-bit dtypes)
     folds the rows in explicit vectors (_fold_column_rows). ``fold_planes``: the window
     has three axes or more, and its taps along the axes before the last two fold whole
-    input planes first (fold_outer_planes), in every unit; the dispatcher chooses it where
-    folds_planes holds. The other kinds take a window's input rows from the input itself,
-    over any number of axes, and compile none of the planes' code (a kind that chose
-    between the two at run time took 0.5 s longer to compile).
+    input planes first, in every unit; the dispatcher chooses it where folds_planes holds.
+    The other kinds take a window's input rows from the input itself, over any number of
+    axes, and compile none of the planes' code (a kind that chose between the two at run
+    time took 0.5 s longer to compile).
     """
     last = axes.shape[1] - 1
     step = np.uint64(axes[AXIS_STRIDE, last])
@@ -236,14 +230,17 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     evens = empty(block + 1, x.dtype)
     starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
     # fold_planes: the window's taps along the axes before the last two are first folded
-    # over whole input planes (one long loop per plane), once per run of units that share
-    # them; each output row then folds only its rows of that plane.
+    # over whole input planes (one long loop per plane) when a unit's differ from the
+    # last unit's; each output row then folds only its rows of that plane. Both folds go
+    # through one call of _fold_column_rows: with the planes' fold a function of its own,
+    # a first call compiled 0.3 to 0.5 s longer.
     height = last - 1
     k_height = taps[taps.shape[0] - 1, height] + 1
     plane = empty(axes[AXIS_IN, height] * in_last if fold_planes else 0, x.dtype)
     # the plane's key and whether it is empty, in memory: as values carried from unit to
     # unit, they made the loop over two axes up to 1.15x slower
     plane_state = full(2, -1, np.int64)
+    plane_starts = empty(lead_count if fold_planes else 0, np.int64)
     prefetching = x.size * x.itemsize >= PREFETCH_INPUT_BYTES
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = unit_row(
@@ -253,6 +250,7 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
         lo = min(span, max(0, -span_start))  # columns[lo:hi] lie inside the input
         hi = max(lo, min(span, in_last - span_start))
         inside_rows = 0
+        key = new_planes = 0  # the unit's plane, and how many input planes fold into it anew
         # the kinds tested on the literals themselves, so that numba drops the branches a
         # kind does not take
         if fold_planes:
@@ -260,10 +258,11 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
             for axis in range(height):
                 key = key * axes[AXIS_OUT, axis] + positions[axis]
             if key != plane_state[0]:
-                plane_state[0] = key
-                plane_state[1] = fold_outer_planes(plane, source, row_offset, starts, axes,
-                                                   taps, tap_offsets, row_starts,
-                                                   k_height * k_last, prefetching)
+                new_planes = _outer_plane_starts(plane_starts, row_offset, starts, axes,
+                                                 taps, tap_offsets, k_height * k_last)
+                plane_state[1] = new_planes > 0
+                if new_planes == 0:  # none inside the input: nothing to fold
+                    plane_state[0] = key
             for row in range(k_height):
                 h = starts[height] + row * axes[AXIS_DILATION, height]
                 if plane_state[1] and 0 <= h < axes[AXIS_IN, height]:
@@ -276,10 +275,26 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
             lo = hi = 0
         elif lead_count == 1 and not fold_planes:  # one input row per window
             copy_row(columns, lo, hi, source, row_starts[0])
+        elif fold_planes:
+            # the plane first where it is new (fold 0), then the unit's rows of it (fold 1)
+            for fold in range(0 if new_planes else 1, 2):
+                into_plane = fold == 0
+                _fold_column_rows(plane if into_plane else columns, 0 if into_plane else lo,
+                                  plane.size if into_plane else hi,
+                                  source if into_plane else plane,
+                                  plane_starts if into_plane else row_starts,
+                                  new_planes if into_plane else inside_rows, vector_fold,
+                                  False)
+            if new_planes:
+                plane_state[0] = key
+                if prefetching:  # the planes the next output plane steps over
+                    prefetch_range(source,
+                                   np.uint64(plane_starts[new_planes - 1] + plane.size),
+                                   np.uint64(plane.size * axes[AXIS_STRIDE, height - 1]))
         else:
-            _fold_column_rows(columns, lo, hi, plane if fold_planes else source, row_starts,
-                              inside_rows, vector_fold, False)
-            if prefetching and not fold_planes:
+            _fold_column_rows(columns, lo, hi, source, row_starts, inside_rows, vector_fold,
+                              True)
+            if prefetching:
                 # the rows the next units read: as many as an output row steps over
                 prefetch_ahead(source, np.uint64(row_starts[inside_rows - 1]),
                                np.uint64((hi - lo) * axes[AXIS_STRIDE, last - 1]))
