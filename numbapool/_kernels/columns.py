@@ -6,10 +6,9 @@ maxima (contiguous loads, which vectorize), then the last-axis taps are taken on
 row; with three or more axes, the outer axes' taps are first folded over whole input planes
 where they fit (a kind of its own, ``fold_planes``). Over one axis the row is the input row,
 copied. It took the resnet stem from 1.40x to 0.75x and the 3-d case from 3.33x to 0.87x of
-onnxruntime's time. Zeros and NaNs, where a
-column-major scan could pick another bit pattern than the row-major one, are taken again in
-row-major order where the column maxima (over folded planes, the input rows) hold a -0 or a
-NaN: results are the same bit for bit.
+onnxruntime's time. Zeros and NaNs, where a column-major scan could pick another bit pattern
+than the row-major one, are taken again in row-major order where the column maxima (over
+folded planes, the input rows) hold a -0 or a NaN: results are the same bit for bit.
 """
 
 import numpy as np
@@ -42,7 +41,7 @@ def _fold_column_rows(columns, lo, hi, source, row_starts, rows, vector_fold, ke
     columns[lo] coming from source[row_starts[r]]. Three rows per pass over the columns:
     the first pass takes 1 to 3 rows (a row taken twice changes nothing), so that the
     rest go in threes. ``keep_first`` (a constant): each column keeps its first maximum
-    and first NaN (_row_max).
+    and first NaN (_row_max); else any of them (the vector fold keeps the first either way).
 
     With ``vector_fold`` (a constant: a literal kind, for 8- and 16-bit dtypes), a pass
     is vectors.row_fold_first or row_fold_more: numba's loop left those dtypes to LLVM's
