@@ -728,6 +728,7 @@ def test_max_pool_columns_scan_every_column(attrs, dtype):
         assert launch.entry.kernel is columns.column_units
         assert got.tobytes() == expected.tobytes()
 
+
 @pytest.mark.parametrize("shape, attrs", [
     ((2, 4, 7, 9, 11), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),
     ((2, 4, 6, 8, 10), dict(kernel_shape=[2, 3, 4], strides=[1, 2, 3], pads=[1, 0, 2] * 2)),
