@@ -17,7 +17,7 @@ from numba.extending import overload
 
 from .codec import decode, encode
 from .prefetch import prefetch_ahead
-from .scratch import empty
+from .scratch import empty, flat_view
 from . import kernel
 from .entry import EntryPoint
 from .maxima import fold_max
@@ -101,7 +101,7 @@ def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, s
     patterns as signed integers; ``magnitude_mask``, ``inf_bits`` and ``sign_shift`` have
     their type, so that the integer arithmetic stays in that width: as many elements per
     vector as the dtype allows."""
-    flat, flat_bits = x.reshape(x.size), bits.reshape(bits.size)
+    flat, flat_bits = flat_view(x), flat_view(bits)
     size = np.uint64(x.shape[1])
     # short channels of an input past a share of the caches: their loads wait on memory
     # (128x2048x7x7, 51 MB: 1.10x slower without), where inputs that stay in the caches
@@ -188,7 +188,7 @@ def reordered_units(begin, end, x, y, p, p_kind):
     in-order result, else from in-order sums. Called with ``p_kind`` a literal: a loop of
     its own per kind. Channels go GROUP at a time: each is summed, then the group's proofs
     are checked in one loop, which vectorizes."""
-    flat = x.reshape(x.size)
+    flat = flat_view(x)
     size = np.uint64(x.shape[1])
     count = np.float64(x.shape[1])
     totals = empty(GROUP, np.float64)
@@ -218,7 +218,7 @@ def global_sum_units(begin, end, x, y, p, p_kind):
     """Each channel's terms added in order, channels GROUP at a time, element i of each in
     step (see the module's docstring). ``p_kind`` arrives as a literal (global_sum_entry):
     each call below is compiled for that one kind, and its tests of the kind fold away."""
-    flat = x.reshape(x.size)
+    flat = flat_view(x)
     size = np.uint64(x.shape[1])
     totals = empty(GROUP, np.float64)
     for first in range(begin, end, GROUP):
@@ -252,7 +252,7 @@ def block_sum_units(begin, end, x, y):
     """GlobalAveragePool's channels [begin, end) for results narrower than float64: each
     the sum of its float32 block sums in float64, over the channel's size. The means of
     BLOCK_GROUP channels at a time, in a loop that vectorizes the divisions."""
-    flat = x.reshape(x.size)
+    flat = flat_view(x)
     size = np.uint64(x.shape[1])
     count = np.float64(x.shape[1])  # the divisor, converted once
     totals = empty(BLOCK_GROUP, np.float64)
@@ -289,7 +289,7 @@ def block_sum_continue(x, totals, lanes, start):
     """Carry block_sum_units' sums across consecutive slabs of the channels, ``start``
     elements of each before this slab: totals[nc] holds the float64 sum of the channel's
     whole blocks so far, lanes[nc] the lanes of the block it is in."""
-    flat = x.reshape(x.size)
+    flat = flat_view(x)
     size = np.uint64(x.shape[1])
     block = np.uint64(BLOCK)
     width = np.uint64(LANES)
@@ -326,7 +326,7 @@ def block_sum_finish(totals, lanes, size, y):
 def global_sum_continue(x, totals, p, p_kind):
     """Add each channel's terms, in order, to its running float64 total: the sum that
     global_sum_units makes, continued across consecutive slabs of the channels."""
-    flat = x.reshape(x.size)
+    flat = flat_view(x)
     size = np.uint64(x.shape[1])
     for nc in range(x.shape[0]):
         base = np.uint64(nc) * size

@@ -24,7 +24,7 @@ from . import kernel
 from .codec import decode
 from .maxima import keeps
 from .prefetch import AHEAD_BYTES, PREFETCH_INPUT_BYTES, prefetch_ahead
-from .scratch import empty
+from .scratch import empty, flat_view
 from .units import first_pass_or, plane_axes, ring_slot, ring_slots, window_rows
 
 
@@ -109,9 +109,9 @@ def indexed_max_units(unit_begin, unit_end, x, y, indices, lowest, axes, tap_out
     best = empty(out_width, x.dtype)
     best_rows = empty(out_width, np.int32)
     best_columns = empty(out_width, np.int32)
-    source = x.reshape(x.size)
-    out = y.reshape(y.size)
-    out_indices = indices.reshape(indices.size)
+    source = flat_view(x)
+    out = flat_view(y)
+    out_indices = flat_view(indices)
     # rows longer than the distance ahead are long streams, which the hardware prefetchers
     # follow (MaxPool 1-D k3 s2 over rows of 16000 float32 ran 1.02-1.03x slower with it)
     prefetching = (x.size * x.itemsize >= PREFETCH_INPUT_BYTES

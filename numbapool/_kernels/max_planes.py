@@ -25,7 +25,7 @@ from .._plan import AXIS_DILATION, AXIS_EXTENT
 from . import kernel
 from .codec import decode
 from .maxima import fold_max, fold_max_function, is_tie
-from .scratch import empty, full
+from .scratch import empty, flat_view, full
 from .units import plane_axes
 from .vectors import rows_hold_negative_zero_or_nan
 
@@ -126,8 +126,8 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
     region = empty(padded_height * padded_width, x.dtype)
     row_maxima = empty(out_height * padded_width, x.dtype)
     maxima = empty(out_height * padded_width, x.dtype)
-    source = x.reshape(x.size)
-    out = y.reshape(y.size)
+    source = flat_view(x)
+    out = flat_view(y)
     plane_state = full(2, -1, np.int64)  # the plane last scanned for a -0 or a NaN, and
     # whether it holds one
     plane_starts = empty(1, np.int64)  # its start, as one row of the scan

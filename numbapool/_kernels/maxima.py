@@ -23,7 +23,7 @@ from .._plan import (AXIS_DILATION, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_OUT, AXIS_P
                      AXIS_STRIDE)
 from . import kernel
 from .codec import decode
-from .scratch import empty, full
+from .scratch import empty, flat_view, full
 from .units import (first_input_row, first_unit, input_row_strides, next_unit,
                     place_row, row_slot, tap_is_inside, tap_run, window_index)
 
@@ -197,8 +197,8 @@ def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, index_offse
     row_taps = empty(max(slots, 1) * block, np.int64)
     keys = full(max(slots, 1), -1, np.int64)
     # flat views, made once: a view per row costs reference counting in the hot loop
-    source = x.reshape(x.size)
-    out = y.reshape(y.size)
+    source = flat_view(x)
+    out = flat_view(y)
     positions = empty(rank, np.int64)
     nc = first_unit(unit_begin, axes, block, positions)
     for unit in range(unit_begin, unit_end):

@@ -22,6 +22,7 @@ from numba import njit
 
 from . import kernel
 from .codec import accumulator_array
+from .scratch import flat_view
 from .sums import border_row_sum, divisor_row, term_at, window_output
 from .units import interior_outputs, plane_axes
 
@@ -128,8 +129,8 @@ def plane_sum_units(unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, b
     run_rows = max(1, RUN_BYTES // (out_width * sums.itemsize * row_step))
     row_divisors = accumulator_array(out_width if p_kind == 0 else 0, zero)
     divisors_leading = -1
-    source = x.reshape(x.size)
-    out = y.reshape(y.size)
+    source = flat_view(x)
+    out = flat_view(y)
     stride = np.uint64(out_width)
     unit = unit_begin
     while unit < unit_end:

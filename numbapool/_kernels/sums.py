@@ -17,7 +17,7 @@ from .._plan import AXIS_DILATION, AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRID
 from . import kernel
 from .codec import (accumulator_array, as_accumulator, decode, encode, float64_bits,
                     float64_from_bits)
-from .scratch import empty, full
+from .scratch import empty, flat_view, full
 from .units import (first_input_row, first_unit, input_row_strides, interior_outputs,
                     interior_span, next_unit, place_row, row_slot, tap_is_inside, tap_run)
 
@@ -386,8 +386,8 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
     keys = full(slots, -1, np.int64)
     row_bases = empty(lead_count, np.int64)
     # flat views, made once: a view per row costs reference counting in the hot loop
-    source = x.reshape(x.size)
-    out = y.reshape(y.size)
+    source = flat_view(x)
+    out = flat_view(y)
     positions = empty(rank, np.int64)
     nc = first_unit(unit_begin, axes, block, positions)
     for unit in range(unit_begin, unit_end):

@@ -18,7 +18,7 @@ from numba import njit
 
 from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_INPUT_STRIDE,
                      AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE)
-from .scratch import empty
+from .scratch import empty, flat_view
 
 
 @njit(inline="always")
@@ -232,7 +232,7 @@ def first_unit_row(unit_begin, axes, block, x, y):
     starts = np.empty(axes.shape[1], np.int64)
     positions = np.empty(axes.shape[1], np.int64)
     nc = first_unit(unit_begin, axes, block, positions)
-    return starts, positions, x.reshape(x.size), y.reshape(y.size), nc
+    return starts, positions, flat_view(x), flat_view(y), nc
 
 
 @njit(inline="always")

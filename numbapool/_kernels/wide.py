@@ -27,6 +27,7 @@ from numba import njit
 from .._plan import AXIS_EXTENT
 from . import kernel
 from .codec import accumulator_array, as_accumulator, decode
+from .scratch import flat_view
 from .sums import divisor_row, lp_term, window_output
 from .units import first_pass_or, plane_axes, ring_slot, ring_slots, window_rows
 
@@ -133,8 +134,8 @@ def wide_sum_units(unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, bl
     totals = accumulator_array(out_width, zero)
     row_divisors = accumulator_array(out_width if p_kind == 0 else 0, zero)
     divisors_leading = -1
-    source = x.reshape(x.size)
-    out = y.reshape(y.size)
+    source = flat_view(x)
+    out = flat_view(y)
     plane = -1
     next_row = 0  # the plane's next input row without its row sums in the ring
     for unit in range(unit_begin, unit_end):
