@@ -151,10 +151,11 @@ def _tasks(pairs: list) -> list:
 def _exercise_task(op: str, name: str, window: int | None) -> None:
     """_exercise of a task, its dtype by name (picklable, for a worker process), and the
     parallel drivers it started compiling in the background, done."""
-    from ._kernels import parallel
+    from ._kernels import collector_paused, parallel
 
-    _exercise(op, DTYPE_NAMES[name], window)
-    parallel.wait_for_drivers()
+    with collector_paused():  # its drivers too, compiled in the background meanwhile
+        _exercise(op, DTYPE_NAMES[name], window)
+        parallel.wait_for_drivers()
 
 
 # Default workers at most: each holds numba and LLVM, about 350 MB compiling MaxPool

@@ -245,3 +245,77 @@ def test_a_fork_while_a_driver_compiles_leaves_a_working_child(tmp_path):
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0"]
+
+
+_COLLECTOR_DURING_COMPILES = _RECORDER + """
+import gc
+import threading
+import numpy as np
+import numbapool
+
+collector_on = []  # at the start of each compile on the calling thread: is the collector on?
+
+
+class Collector(event.Listener):
+    def on_start(self, compilation):
+        if threading.current_thread() is threading.main_thread():
+            collector_on.append(gc.isenabled())
+
+    def on_end(self, compilation):
+        pass
+
+
+event.register("numba:compile", Collector())
+x = np.ones((2, 16, 20, 20), np.float32)
+with numbapool.threads(1):
+    numbapool.max_pool(x, [3, 3], strides=[2, 2])
+    after_enabled = gc.isenabled()
+    gc.disable()
+    numbapool.average_pool(x, [2, 2], strides=[2, 2])
+    after_disabled = gc.isenabled()
+print(json.dumps({"during": collector_on, "after_enabled": after_enabled,
+                  "after_disabled": after_disabled,
+                  "kernels": sorted({name for name, writes in compiled if writes})}))
+"""
+
+
+def test_first_calls_pause_the_collector_while_their_kernels_compile(tmp_path):
+    """On an empty cache a first call's kernel compiles with Python's garbage collector
+    paused, and the collector is left as it was: on again after a call that found it on,
+    still off after one that found it off."""
+    result = subprocess.run([sys.executable, "-c", _COLLECTOR_DURING_COMPILES],
+                            env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    recorded = json.loads(result.stdout.splitlines()[-1])
+    assert {"column_units", "fixed_sum_units"} <= set(recorded["kernels"])
+    assert recorded["during"] and not any(recorded["during"])
+    assert recorded["after_enabled"] is True and recorded["after_disabled"] is False
+
+
+def test_the_collector_pause_nests_and_restores_the_state_it_found():
+    import gc
+
+    from numbapool._kernels import collector_paused
+
+    was_enabled = gc.isenabled()
+    try:
+        gc.enable()
+        with collector_paused():
+            assert not gc.isenabled()
+            with collector_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()  # the outer compile still runs
+        assert gc.isenabled()
+        try:
+            with collector_paused():
+                raise KeyError("a compile's error")
+        except KeyError:
+            pass
+        assert gc.isenabled()
+        gc.disable()
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if was_enabled else gc.disable)()

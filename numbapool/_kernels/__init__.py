@@ -3,10 +3,43 @@ which call): units (shared work units), maxima, sums, fixed, columns, planes (wi
 global_, unpool; codec (16-bit float elements), threads, prefetch, vectors (explicit vector
 loops), scratch (scratch arrays)."""
 
+import contextlib
+import gc
+import threading
+
 from numba import njit
 
 from .._cache import CACHE_DIRECTORY, locked_cache
 from .literal_kinds import LiteralKindsCompiler
+
+_compiles_running = 0
+_collector_was_enabled = False
+_compiles_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector paused while a kernel compiles on the calling
+    thread (EntryPoint.compile; a warmup's tasks), and enabled again when the last such
+    compile running ends if it was enabled when the first began.
+
+    A compile makes hundreds of thousands of objects that live until it ends, and the
+    collector passed over them again and again, and over every object numba keeps in its
+    collections of the oldest generation (docs/performance.md: a tenth of a warmup's
+    time). Paused, the compile's garbage is collected after it, in one pass."""
+    global _compiles_running, _collector_was_enabled
+    with _compiles_lock:
+        if _compiles_running == 0:
+            _collector_was_enabled = gc.isenabled()
+            gc.disable()
+        _compiles_running += 1
+    try:
+        yield
+    finally:
+        with _compiles_lock:
+            _compiles_running -= 1
+            if _compiles_running == 0 and _collector_was_enabled:
+                gc.enable()
 
 
 def kernel(**options):

@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 from numba import types
 
+from . import collector_paused
+
 
 class Compiled(NamedTuple):
     """An entry point compiled for one set of argument types."""
@@ -41,7 +43,8 @@ class EntryPoint(NamedTuple):
         given[:self.inputs] = [array.copy(readonly=True) for array in given[:self.inputs]]
         signature = ((types.int64, types.int64) + tuple(given)
                      + tuple(types.literal(kind) for kind in self.kinds))
-        self.kernel.compile(signature)
+        with collector_paused():
+            self.kernel.compile(signature)
         result = self.kernel.overloads[signature]
         return Compiled(result.entry_point,
                         result.library.get_pointer_to_function(result.fndesc.llvm_func_name))
