@@ -1,7 +1,7 @@
 """numba kernels, one module per family (docs/architecture.md has the table of which serves
 which call): units (shared work units), maxima, sums, fixed, columns, planes (windowed pools),
 global_, unpool; codec (16-bit float elements), threads, prefetch, vectors (explicit vector
-loops), scratch (scratch arrays)."""
+loops), scratch (scratch arrays and flat views)."""
 
 import contextlib
 import gc
@@ -25,7 +25,7 @@ def collector_paused():
 
     A compile makes hundreds of thousands of objects that live until it ends, and the
     collector passed over them again and again, and over every object numba keeps in its
-    collections of the oldest generation (docs/performance.md: a tenth of a warmup's
+    collections of the oldest generation (docs/performance.md: a sixth of a warmup's
     time). Paused, the compile's garbage is collected after it, in one pass."""
     global _compiles_running, _collector_was_enabled
     with _compiles_lock:
