@@ -8,7 +8,8 @@ input-rows-first kind), a GlobalMaxPool and a GlobalAveragePool at both sizes; e
 in every dtype would take more than the suite's whole budget to compile. The first calls
 run in two processes at once, one per kernel family, and a third process makes them all;
 they share a cache directory of their own, empty before the first (the suite's own is
-filled meanwhile by the other tests).
+filled meanwhile by the other tests). In each process, every scratch array the kernels
+allocated is freed by the time the calls end (numba's runtime counts them).
 """
 
 import json
@@ -65,10 +66,15 @@ for name, dtype in _warmup.DTYPE_NAMES.items():
             numbapool.global_average_pool(x)
 # the parallel drivers that compile in the background, done (a process waits at exit too)
 parallel.wait_for_drivers()
+# the kernels' scratch arrays, allocated through numba's runtime and freed by the kernels'
+# own code (_kernels/scratch.py), counted with NUMBA_NRT_STATS set
+from numba.core.runtime import rtsys
+stats = rtsys.get_allocation_stats()
 # numba refreshes its target context before every compile (and before its own cache's
 # loads, which numbapool's cache skips): the refresh imports numba.np.linalg, and with it
 # scipy.linalg where scipy is installed
-print(json.dumps({"compiled": compiled, "refreshed": "numba.np.linalg" in sys.modules}))
+print(json.dumps({"compiled": compiled, "refreshed": "numba.np.linalg" in sys.modules,
+                  "allocated": stats.mi_alloc, "unfreed": stats.mi_alloc - stats.mi_free}))
 """
 
 
@@ -89,13 +95,18 @@ def _start(*groups) -> subprocess.Popen:
 
 
 def _finish(process: subprocess.Popen) -> dict:
+    """The process's record, once every scratch array its kernels allocated is found
+    freed."""
     out, err = process.communicate(timeout=1800)
     assert process.returncode == 0, err
-    return json.loads(out.splitlines()[-1])
+    record = json.loads(out.splitlines()[-1])
+    assert record.pop("allocated") > 0 and record.pop("unfreed") == 0, out
+    return record
 
 
 def test_a_second_process_compiles_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))  # the processes below inherit it
+    monkeypatch.setenv("NUMBA_NRT_STATS", "1")  # their scratch arrays counted (_finish)
     assert not _cache_files(), "the first processes must meet an empty cache"
     # Two first processes at once, one per kernel family (one per core here); both save
     # entries of the parallel driver, in turns (_cache.locked_cache)

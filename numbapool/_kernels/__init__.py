@@ -42,10 +42,26 @@ def collector_paused():
                 gc.enable()
 
 
+# numba.njit's options for a helper compiled once per argument types for LLVM to inline
+# into the kernels that call it (also the jit_options of such an overload): compiled as
+# those kernels are, free of the GIL and of reference counting.
+INLINED = {"forceinline": True, "nogil": True, "_nrt": False}
+
+
+def inlined(**options):
+    """``numba.njit`` with INLINED and ``options``."""
+    return njit(**INLINED, **options)
+
+
 def kernel(**options):
     """``numba.njit(**options)`` for a kernel: free of the GIL while it runs, compiling only
     the branches its literal kinds take (literal_kinds.py), and cached on disk where numba
-    can, with saves that take turns across processes (_cache.locked_cache)."""
+    can, with saves that take turns across processes (_cache.locked_cache).
+
+    Compiled without numba's reference counting: a kernel frees its own scratch arrays
+    (scratch.py)."""
+    options = {"_nrt": False, **options}
+
     def decorate(function):
         dispatcher = njit(nogil=True, pipeline_class=LiteralKindsCompiler, **options)(function)
         if CACHE_DIRECTORY is not None:

@@ -17,7 +17,7 @@ from llvmlite import ir
 from numba import types
 from numba.core.extending import intrinsic, overload
 
-from .scratch import empty
+from .scratch import allocation
 
 
 @intrinsic
@@ -168,12 +168,12 @@ def _as_accumulator_overload(value, like):
     return lambda value, like: np.float32(value)
 
 
-def accumulator_array(size, like):
-    """An uninitialized array of ``size`` accumulators of the type of ``like``."""
-
-
-@overload(accumulator_array, inline="always")
-def _accumulator_array_overload(size, like):
-    if _accumulates_in_float64(like):
-        return lambda size, like: empty(size, np.float64)
-    return lambda size, like: empty(size, np.float32)
+@intrinsic
+def accumulator_array(typingctx, size, like):
+    """An uninitialized scratch array (scratch.empty) of ``size`` accumulators of the type of
+    ``like``."""
+    if not isinstance(size, types.Integer):
+        return None
+    array_type = types.Array(types.float64 if _accumulates_in_float64(like) else types.float32,
+                             1, "C")
+    return array_type(size, like), allocation(array_type)

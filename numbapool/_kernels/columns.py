@@ -19,7 +19,7 @@ from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INPUT_STRIDE, AXI
 from . import kernel
 from .codec import decode
 from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead, prefetch_range
-from .scratch import empty, full
+from .scratch import empty, full, release
 from .units import first_unit_row, tap_is_inside, unit_row
 from .maxima import (any_tie, border_max, fold_max_function, is_tie, max_run, nan_max,
                      start_maxima)
@@ -355,3 +355,5 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
                         out[out_begin + np.uint64(j)] = border_max(
                             first + j, row_offset, row_inside, starts, lowest, source, axes,
                             taps, tap_offsets)
+    release(columns, row_starts, column_start, pairs, evens, starts, positions, plane,
+            plane_state, plane_starts)

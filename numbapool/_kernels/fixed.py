@@ -21,6 +21,7 @@ from .codec import as_accumulator, decode, encode
 from .units import first_unit_row, interior_outputs, interior_span, unit_row
 from .maxima import border_max, fold_max
 from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead
+from .scratch import release
 from .sums import (border_sum, leading_divisor, lp_root, mean_at, queue_roots, root_queue,
                    term_at)
 
@@ -82,6 +83,7 @@ def fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets,
         for o in range(hi, end):
             out[np.uint64(out_first + o)] = border_max(
                 o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets)
+    release(starts, positions)
 
 
 @njit(inline="always")
@@ -161,6 +163,7 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets
         if p_kind == 3:
             queued = queue_roots(queue, queued + end - first, out,
                                  np.uint64(out_first + end), unit == unit_end - 1)
+    release(queue, starts, positions)
 
 
 def fixed_window_kernels(depth, height, width, step):

@@ -17,7 +17,7 @@ from numba.extending import overload
 
 from .codec import decode, encode
 from .prefetch import prefetch_ahead
-from .scratch import empty, flat_view
+from .scratch import empty, flat_view, release
 from . import kernel
 from .entry import EntryPoint
 from .maxima import fold_max
@@ -211,6 +211,7 @@ def reordered_units(begin, end, x, y, p, p_kind):
                 continue
             total = in_order_sum(flat, np.uint64(first + k) * size, size, p, p_kind)
             y[first + k] = _finish(total, count, p, p_kind, y)
+    release(totals)
 
 
 @kernel()
@@ -233,6 +234,7 @@ def global_sum_units(begin, end, x, y, p, p_kind):
                 totals[c] = in_order_sum(flat, base + np.uint64(c) * size, size, p, p_kind)
         for c in range(count):
             y[first + c] = _finish(totals[c], size, p, p_kind, y)
+    release(totals)
 
 
 @njit(inline="always")
@@ -267,6 +269,7 @@ def block_sum_units(begin, end, x, y):
         out = np.uint64(first)  # unsigned: no wraparound to check, the loop vectorizes
         for k in range(channels):
             y[out + np.uint64(k)] = encode(totals[k] / count, y)
+    release(totals)
 
 
 @njit(inline="always")

@@ -24,7 +24,7 @@ from . import kernel
 from .codec import decode
 from .maxima import keeps
 from .prefetch import AHEAD_BYTES, PREFETCH_INPUT_BYTES, prefetch_ahead
-from .scratch import empty, flat_view
+from .scratch import empty, flat_view, release
 from .units import first_pass_or, plane_axes, ring_slot, ring_slots, window_rows
 
 
@@ -42,9 +42,8 @@ def _split_row(source, row_start, split, width, step):
         for i in range(np.uint64(width // 2)):
             split[i] = source[row_start + two * i]
             split[half + i] = source[row_start + two * i + np.uint64(1)]
-        # an odd row's last element; an even row's last even element again. Unconditional:
-        # under a branch, numba's reference counting of `source` stayed in the row loop, an
-        # atomic add on a count both threads share (15% of a perf profile's samples)
+        # an odd row's last element; an even row's last even element again (unconditional:
+        # no branch after the loop)
         split[half - np.uint64(1)] = source[row_start + two * (half - np.uint64(1))]
 
 
@@ -171,3 +170,4 @@ def indexed_max_units(unit_begin, unit_end, x, y, indices, lowest, axes, tap_out
                     best[o] = kept
                     best_columns[o] = kept_column
                     best_rows[o] = kept_row
+    release(split, maxima, columns, best, best_rows, best_columns)

@@ -25,7 +25,7 @@ from .._plan import AXIS_DILATION, AXIS_EXTENT
 from . import kernel
 from .codec import decode
 from .maxima import fold_max, fold_max_function, is_tie
-from .scratch import empty, flat_view, full
+from .scratch import empty, flat_view, full, release
 from .units import plane_axes
 from .vectors import rows_hold_negative_zero_or_nan
 
@@ -174,3 +174,4 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
                             source, plane_start, first + row, o, height, width, top, left,
                             window_rows, window_columns, row_dilation, column_dilation, lowest)
         unit += rows
+    release(region, row_maxima, maxima, plane_state, plane_starts)

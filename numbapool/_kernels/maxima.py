@@ -21,9 +21,9 @@ from numba.extending import intrinsic, overload
 
 from .._plan import (AXIS_DILATION, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_OUT, AXIS_PAD_BEGIN,
                      AXIS_STRIDE)
-from . import kernel
+from . import INLINED, inlined, kernel
 from .codec import decode
-from .scratch import empty, flat_view, full
+from .scratch import empty, flat_view, full, release
 from .units import (first_input_row, first_unit, input_row_strides, next_unit,
                     place_row, row_slot, tap_is_inside, tap_run, window_index)
 
@@ -61,7 +61,7 @@ def any_tie(out, begin, count):
 # The same fold compiled once per type, for LLVM to inline: numba inlines fold_max in its
 # own IR at each call site, a sixth of column_units' compile. Not for the fixed windows:
 # their 2x2 stride-2 MaxPool took 1.38x as long with it.
-fold_max_function = njit(forceinline=True, nogil=True)(fold_max.py_func)
+fold_max_function = inlined()(fold_max.py_func)
 
 
 @intrinsic
@@ -88,7 +88,7 @@ def nan_max(kept, value):
     fold as fold_max does (float64 through LLVM's maximum: 1.13x slower)."""
 
 
-@overload(nan_max, jit_options={"forceinline": True, "nogil": True})
+@overload(nan_max, jit_options=INLINED)
 def _nan_max_overload(kept, value):
     if kept == types.float32:
         return lambda kept, value: _float32_maximum(kept, value)
@@ -196,7 +196,7 @@ def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, index_offse
     rows = empty(max(slots, 1) * block, x.dtype)
     row_taps = empty(max(slots, 1) * block, np.int64)
     keys = full(max(slots, 1), -1, np.int64)
-    # flat views, made once: a view per row costs reference counting in the hot loop
+    # flat views, made once
     source = flat_view(x)
     out = flat_view(y)
     positions = empty(rank, np.int64)
@@ -241,6 +241,7 @@ def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, index_offse
         for j in range(end - first):
             tap = best_taps[j]
             indices[nc, row + first + j] = -1 if tap < 0 else at + j * at_step + index_offsets[tap]
+    release(row_strides, starts, best, best_taps, rows, row_taps, keys, positions)
 
 
 @njit(inline="always")

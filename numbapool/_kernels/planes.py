@@ -20,9 +20,9 @@ same, bit for bit.
 import numpy as np
 from numba import njit
 
-from . import kernel
+from . import inlined, kernel
 from .codec import accumulator_array
-from .scratch import flat_view
+from .scratch import flat_view, release
 from .sums import border_row_sum, divisor_row, term_at, window_output
 from .units import interior_outputs, plane_axes
 
@@ -39,11 +39,11 @@ RUN_BYTES = 16 << 10
 # sums.term_at compiled once per dtype for LLVM to inline, its kind of p a constant there:
 # inlined in numba's IR at its nine call sites, a first call of AveragePool 3x3 took 0.7 s
 # longer
-_element = njit(forceinline=True, nogil=True)(term_at.py_func)
+_element = inlined()(term_at.py_func)
 # The same for the border outputs' row sums (two call sites): a first call of LpPool p = 2
 # 3x3 over 2x16x96x96 took 1.86-1.93 s against 2.20-2.27 s, AveragePool's 2.12-2.21 s
 # against 2.52-2.56 s (fresh processes in turn), the loops' time the same
-_border_row_sum = njit(forceinline=True, nogil=True)(border_row_sum.py_func)
+_border_row_sum = inlined()(border_row_sum.py_func)
 
 
 @njit(inline="always")
@@ -163,3 +163,4 @@ def plane_sum_units(unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, b
                      np.uint64((plane * out_height + row) * out_width), np.uint64(out_width), p,
                      p_kind, row_divisors, zero, y)
         unit += end - first
+    release(sums, row_divisors)

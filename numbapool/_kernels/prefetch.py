@@ -5,6 +5,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
+from . import INLINED
+
 _I32 = ir.IntType(32)
 # How far ahead of its reads a loop asks for memory, and a cache line
 AHEAD_BYTES = 4096
@@ -38,7 +40,7 @@ def prefetch_range(flat, start, count):
 
 # Compiled once per dtype for LLVM to inline, not inlined in numba's IR at each call site:
 # the columns kernel's first call took 0.2 to 0.4 s less (fresh processes in turn)
-@overload(prefetch_range, jit_options={"forceinline": True, "nogil": True})
+@overload(prefetch_range, jit_options=INLINED)
 def _prefetch_range_overload(flat, start, count):
     # in elements of this dtype, as a constant: an array's itemsize is read at run time
     line = np.uint64(LINE_BYTES * 8 // flat.dtype.bitwidth)
@@ -58,7 +60,7 @@ def prefetch_ahead(flat, start, count):
     hardware prefetchers, tuned to long streams, bring too late."""
 
 
-@overload(prefetch_ahead, jit_options={"forceinline": True, "nogil": True})
+@overload(prefetch_ahead, jit_options=INLINED)
 def _prefetch_ahead_overload(flat, start, count):
     ahead = np.uint64(AHEAD_BYTES * 8 // flat.dtype.bitwidth)
 

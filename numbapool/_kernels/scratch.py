@@ -1,16 +1,56 @@
 """The kernels' scratch arrays and flat views, built by code lowered in place.
 
-numba's ``np.empty`` and ``np.full`` are functions that numba compiles once per signature in
-each process, and never caches on disk: a first call in a fresh process compiled them for
-0.15 to 0.35 s (a first LpPool the most). ``empty`` allocates the same array from within
-the kernel's own code. ``flat_view`` does the same for ``reshape(size)``, whose shape
+The kernels compile without numba's reference counting (``_kernels.kernel``): with it, numba
+emits a reference count's increment and decrement for every array a statement names,
+inlined helper by inlined helper, which it lowers and LLVM then optimizes away, about a
+tenth of a first call's compile (docs/performance.md). A kernel's scratch arrays are then
+its own to free: ``empty`` allocates one (a MemoryError if it cannot), its data aligned
+as numba aligns arrays, and ``release`` frees it; every kernel releases each scratch array
+it made before it returns (tests/test_first_call.py counts the allocations and frees of
+every kind of kernel).
+``empty`` is also what ``np.empty`` would compile once per signature in each process.
+``flat_view`` views a 2-D array as one row in place of ``reshape(size)``, whose shape
 normalizer numba compiles once per process.
 """
 
+from llvmlite import ir
 from numba import njit, types
-from numba.core.imputils import impl_ret_borrowed, impl_ret_new_ref
+from numba.core import cgutils
+from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
-from numba.np.arrayobj import _empty_nd_impl, make_array, populate_array
+from numba.np.arrayobj import make_array, populate_array
+
+# numba's alignment of an array's data (BaseContext.get_preferred_array_alignment)
+_ALIGNMENT = 32
+
+
+def allocation(array_type):
+    """The codegen of a new 1-D ``array_type`` of ``args[0]`` elements: a MemInfo of numba's
+    runtime that owns the data, which ``release`` frees."""
+
+    def codegen(context, builder, signature, args):
+        length = context.cast(builder, args[0], signature.args[0], types.intp)
+        itemsize = context.get_abi_sizeof(context.get_data_type(array_type.dtype))
+        size = builder.mul(length, context.get_constant(types.intp, itemsize))
+        allocate = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(cgutils.voidptr_t, [cgutils.intp_t, ir.IntType(32)]),
+            "NRT_MemInfo_alloc_aligned")
+        allocate.return_value.add_attribute("noalias")
+        data_of = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(cgutils.voidptr_t, [cgutils.voidptr_t]),
+            "NRT_MemInfo_data")
+        meminfo = builder.call(allocate, [size, ir.Constant(ir.IntType(32), _ALIGNMENT)])
+        with cgutils.if_unlikely(builder, cgutils.is_null(builder, meminfo)):
+            context.call_conv.return_user_exc(builder, MemoryError,
+                                              ("numbapool: no memory for a scratch array",))
+        array = make_array(array_type)(context, builder)
+        data = builder.bitcast(builder.call(data_of, [meminfo]), array.data.type)
+        populate_array(array, data=data, shape=[length],
+                       strides=[context.get_constant(types.intp, itemsize)],
+                       itemsize=context.get_constant(types.intp, itemsize), meminfo=meminfo)
+        return array._getvalue()
+
+    return codegen
 
 
 @intrinsic
@@ -26,13 +66,25 @@ def empty(typingctx, size, dtype):
     if not isinstance(size, types.Integer):
         return None
     array_type = types.Array(element, 1, "C")
+    return array_type(size, dtype), allocation(array_type)
+
+
+@intrinsic
+def release(typingctx, *arrays):
+    """Free scratch arrays made by ``empty``, none of them used again."""
+    if not all(isinstance(array, types.Array) and array.ndim == 1 for array in arrays):
+        return None
 
     def codegen(context, builder, signature, args):
-        length = context.cast(builder, args[0], signature.args[0], types.intp)
-        array = _empty_nd_impl(context, builder, array_type, [length])
-        return impl_ret_new_ref(context, builder, array_type, array._getvalue())
+        free = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t]),
+            "NRT_MemInfo_release")
+        for i, array in enumerate(arrays):
+            value = builder.extract_value(args[0], i)
+            builder.call(free, [make_array(array)(context, builder, value).meminfo])
+        return context.get_dummy_value()
 
-    return array_type(size, dtype), codegen
+    return types.none(types.StarArgTuple.from_types(arrays)), codegen
 
 
 @njit(inline="always")

@@ -14,10 +14,10 @@ import numpy as np
 from numba import njit
 
 from .._plan import AXIS_DILATION, AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
-from . import kernel
+from . import inlined, kernel
 from .codec import (accumulator_array, as_accumulator, decode, encode, float64_bits,
                     float64_from_bits)
-from .scratch import empty, flat_view, full
+from .scratch import empty, flat_view, full, release
 from .units import (first_input_row, first_unit, input_row_strides, interior_outputs,
                     interior_span, next_unit, place_row, row_slot, tap_is_inside, tap_run)
 
@@ -70,7 +70,7 @@ INVERSE_CUBE_ROOT_BITS = np.int64(0x553EF0FF289DD796)
 # Its products and sums may fuse (fastmath "contract"). Fused and in two steps of fourth
 # order, not four of Newton's, the roots' loop took 0.66 of the time (scratch measurement,
 # runs of 512).
-@njit(forceinline=True, nogil=True, fastmath={"contract"})
+@inlined(fastmath={"contract"})
 def _approximate_cube_root(t):
     """About t ** (1/3), for t in [CUBE_LOW, CUBE_HIGH], whose cube lies within t 2**-48 of
     t: t y ** 2, y about t ** (-1/3), from a guess by its bits and two steps of the series
@@ -166,7 +166,7 @@ def term_at(source, index, p, p_kind):
     return lp_term(as_accumulator(decode(source[index]), p), p, p_kind)
 
 
-@njit(forceinline=True, nogil=True)
+@inlined()
 def _kind_run(source, offset, step, totals, begin, count, p, p_kind):
     # compiled once per kind (a literal), its loop free of branches, and inlined by LLVM
     for j in range(count):
@@ -324,7 +324,7 @@ def divisor_row(row_divisors, leading, divisor_counts, zero):
 # An output with no tap inside sums to zero and its divisor is 1: it gives 0, as in mean_at.
 # numba's "numpy" error model: the divisors are at least 1, and its check for a division by
 # zero kept the loop scalar. _three_row_means is compiled once per kernel for LLVM to inline.
-@njit(forceinline=True, nogil=True, error_model="numpy")
+@inlined(error_model="numpy")
 def _three_row_means(rows, row_bases, out, out_begin, first, count, row_divisors, zero, y):
     """AveragePool outputs of a window with three input rows: the cached row sums added in
     order to a zero, as the totals are, then divided."""
@@ -385,7 +385,7 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
     queued = 0
     keys = full(slots, -1, np.int64)
     row_bases = empty(lead_count, np.int64)
-    # flat views, made once: a view per row costs reference counting in the hot loop
+    # flat views, made once
     source = flat_view(x)
     out = flat_view(y)
     positions = empty(rank, np.int64)
@@ -455,3 +455,4 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
         else:
             for j in range(end - first):
                 out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, p_kind), y)
+    release(row_strides, row_divisors, starts, totals, rows, queue, keys, row_bases, positions)

@@ -227,10 +227,8 @@ def interior_span(first, end, interior):
 def first_unit_row(unit_begin, axes, block, x, y):
     """A run's scratch and first unit: (window starts, unit positions, flat input, flat
     output, nc of ``unit_begin``); ``unit_row`` then steps from unit to unit."""
-    # numba's np.empty here, not scratch.empty: with the latter the fixed 2x2 MaxPool (vgg)
-    # ran 1.05-1.12x slower (A/B, 41 rounds, both orders)
-    starts = np.empty(axes.shape[1], np.int64)
-    positions = np.empty(axes.shape[1], np.int64)
+    starts = empty(axes.shape[1], np.int64)
+    positions = empty(axes.shape[1], np.int64)
     nc = first_unit(unit_begin, axes, block, positions)
     return starts, positions, flat_view(x), flat_view(y), nc
 

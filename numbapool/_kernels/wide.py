@@ -27,7 +27,7 @@ from numba import njit
 from .._plan import AXIS_EXTENT
 from . import kernel
 from .codec import accumulator_array, as_accumulator, decode
-from .scratch import flat_view
+from .scratch import flat_view, release
 from .sums import divisor_row, lp_term, window_output
 from .units import first_pass_or, plane_axes, ring_slot, ring_slots, window_rows
 
@@ -161,3 +161,4 @@ def wide_sum_units(unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, bl
             _add_rows(sums, first, min(3, inside_end - first), slots, totals, out_width, zero,
                       first == inside_top, first + 3 >= inside_end, out, out_at, p, p_kind,
                       row_divisors, y)
+    release(padded, sums, totals, row_divisors)
