@@ -145,7 +145,8 @@ ROOT_RUN = 512
 @njit(inline="always")
 def root_queue(p_kind, block):
     """The queue of float64 totals waiting for their cube roots (LpPool p = 3, ``p_kind``
-    3): room for a run of ROOT_RUN and a unit's ``block`` outputs; empty for other kinds."""
+    3): room for a run of ROOT_RUN and a unit's ``block`` outputs; empty for other kinds. A
+    scratch array, which the kernel releases (scratch.py)."""
     return empty(ROOT_RUN + block if p_kind == 3 else 0, np.float64)
 
 

@@ -186,7 +186,8 @@ def interior_outputs(axes, width):
 @njit(inline="always")
 def input_row_strides(axes):
     """Per leading axis, how many input rows one step along it spans; with these a unit's
-    first input row is found without a division (``first_input_row``)."""
+    first input row is found without a division (``first_input_row``). A scratch array,
+    which the kernel releases (scratch.py)."""
     last = axes.shape[1] - 1
     strides = empty(max(last, 1), np.int64)
     for axis in range(last):
@@ -226,7 +227,8 @@ def interior_span(first, end, interior):
 @njit(inline="always")
 def first_unit_row(unit_begin, axes, block, x, y):
     """A run's scratch and first unit: (window starts, unit positions, flat input, flat
-    output, nc of ``unit_begin``); ``unit_row`` then steps from unit to unit."""
+    output, nc of ``unit_begin``); ``unit_row`` then steps from unit to unit. The starts
+    and positions are scratch arrays, which the kernel releases (scratch.py)."""
     starts = empty(axes.shape[1], np.int64)
     positions = empty(axes.shape[1], np.int64)
     nc = first_unit(unit_begin, axes, block, positions)
