@@ -18,10 +18,24 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
-from numba.np.arrayobj import make_array, populate_array
 
 # numba's alignment of an array's data (BaseContext.get_preferred_array_alignment)
 _ALIGNMENT = 32
+
+
+def _one_axis(context, builder, array_type, data, length, itemsize, meminfo, parent):
+    """A 1-D ``array_type`` of ``length`` elements at ``data``: its fields set here, as
+    numba.np.arrayobj's populate_array sets them (a module whose import took 18 ms of
+    numbapool's)."""
+    array = context.make_array(array_type)(context, builder)
+    array.meminfo = meminfo
+    array.parent = parent if parent is not None else cgutils.get_null_value(array.parent.type)
+    array.nitems = length
+    array.itemsize = itemsize
+    array.data = data
+    array.shape = cgutils.pack_array(builder, [length])
+    array.strides = cgutils.pack_array(builder, [itemsize])
+    return array._getvalue()
 
 
 def allocation(array_type):
@@ -43,12 +57,10 @@ def allocation(array_type):
         with cgutils.if_unlikely(builder, cgutils.is_null(builder, meminfo)):
             context.call_conv.return_user_exc(builder, MemoryError,
                                               ("numbapool: no memory for a scratch array",))
-        array = make_array(array_type)(context, builder)
-        data = builder.bitcast(builder.call(data_of, [meminfo]), array.data.type)
-        populate_array(array, data=data, shape=[length],
-                       strides=[context.get_constant(types.intp, itemsize)],
-                       itemsize=context.get_constant(types.intp, itemsize), meminfo=meminfo)
-        return array._getvalue()
+        data = builder.bitcast(builder.call(data_of, [meminfo]),
+                               context.get_data_type(array_type.dtype).as_pointer())
+        return _one_axis(context, builder, array_type, data, length,
+                         context.get_constant(types.intp, itemsize), meminfo, None)
 
     return codegen
 
@@ -81,7 +93,7 @@ def release(typingctx, *arrays):
             "NRT_MemInfo_release")
         for i, array in enumerate(arrays):
             value = builder.extract_value(args[0], i)
-            builder.call(free, [make_array(array)(context, builder, value).meminfo])
+            builder.call(free, [context.make_array(array)(context, builder, value).meminfo])
         return context.get_dummy_value()
 
     return types.none(types.StarArgTuple.from_types(arrays)), codegen
@@ -106,10 +118,9 @@ def flat_view(typingctx, array):
     result = array.copy(ndim=1)
 
     def codegen(context, builder, signature, args):
-        source = make_array(array)(context, builder, args[0])
-        view = make_array(result)(context, builder)
-        populate_array(view, data=source.data, shape=[source.nitems], strides=[source.itemsize],
-                       itemsize=source.itemsize, meminfo=source.meminfo, parent=source.parent)
-        return impl_ret_borrowed(context, builder, result, view._getvalue())
+        source = context.make_array(array)(context, builder, args[0])
+        view = _one_axis(context, builder, result, source.data, source.nitems, source.itemsize,
+                         source.meminfo, source.parent)
+        return impl_ret_borrowed(context, builder, result, view)
 
     return result(array), codegen
