@@ -196,7 +196,6 @@ def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, index_offse
     rows = empty(max(slots, 1) * block, x.dtype)
     row_taps = empty(max(slots, 1) * block, np.int64)
     keys = full(max(slots, 1), -1, np.int64)
-    # flat views, made once
     source = flat_view(x)
     out = flat_view(y)
     positions = empty(rank, np.int64)

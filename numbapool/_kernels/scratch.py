@@ -44,8 +44,9 @@ def allocation(array_type):
 
     def codegen(context, builder, signature, args):
         length = context.cast(builder, args[0], signature.args[0], types.intp)
-        itemsize = context.get_abi_sizeof(context.get_data_type(array_type.dtype))
-        size = builder.mul(length, context.get_constant(types.intp, itemsize))
+        element = context.get_data_type(array_type.dtype)
+        itemsize = context.get_constant(types.intp, context.get_abi_sizeof(element))
+        size = builder.mul(length, itemsize)
         allocate = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(cgutils.voidptr_t, [cgutils.intp_t, ir.IntType(32)]),
             "NRT_MemInfo_alloc_aligned")
@@ -57,10 +58,8 @@ def allocation(array_type):
         with cgutils.if_unlikely(builder, cgutils.is_null(builder, meminfo)):
             context.call_conv.return_user_exc(builder, MemoryError,
                                               ("numbapool: no memory for a scratch array",))
-        data = builder.bitcast(builder.call(data_of, [meminfo]),
-                               context.get_data_type(array_type.dtype).as_pointer())
-        return _one_axis(context, builder, array_type, data, length,
-                         context.get_constant(types.intp, itemsize), meminfo, None)
+        data = builder.bitcast(builder.call(data_of, [meminfo]), element.as_pointer())
+        return _one_axis(context, builder, array_type, data, length, itemsize, meminfo, None)
 
     return codegen
 

@@ -386,7 +386,6 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
     queued = 0
     keys = full(slots, -1, np.int64)
     row_bases = empty(lead_count, np.int64)
-    # flat views, made once
     source = flat_view(x)
     out = flat_view(y)
     positions = empty(rank, np.int64)
