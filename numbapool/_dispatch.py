@@ -325,18 +325,18 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
         entry, indices_rest = indices_arguments
         arguments = (indices.reshape(rows_shape[0], -1), *indices_rest)
     arguments = (rows_in, rows_out, *arguments)
-    function, address = (compiled.get(return_indices)
-                         or compiled.setdefault(return_indices, entry.compile(arguments)))
+    entry_point = (compiled.get(return_indices)
+                   or compiled.setdefault(return_indices, entry.compile(arguments)))
     if not chunks:
-        function(0, units, *arguments)
+        entry_point.function(0, units, *arguments)
         return (y, indices) if return_indices else y
     guarded = _threads.enter_parallel(threads)
     try:
         if guarded is None:
-            function(0, units, *arguments)
+            entry_point.function(0, units, *arguments)
         else:
-            _drive(function, address, units, chunks, threads, entry, arguments, compiled,
-                   ("driver", return_indices))
+            _drive(entry_point, units, chunks, threads, arguments, 2 + return_indices,
+                   compiled, ("driver", return_indices))
     finally:
         if guarded:
             _threads.leave_parallel()
@@ -348,28 +348,28 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
 _SERIAL_PIECES = 64
 
 
-def _drive(function, address, units, chunks, threads, entry, arguments, compiled: dict,
-           key) -> None:
-    """The parallel driver over the entry point ``function`` at ``address``, kept in
-    ``compiled[key]`` once compiled for these arguments' types. While it compiles in the
-    background (parallel.ready_driver), ``function`` runs the units on this thread, a piece
-    at a time; the driver, once ready, takes the units left. The entry point's inputs are
-    compiled read-only (entry.py), and the driver passes them on as it types them: they go
-    read-only. They are views of numbapool's own (reshaped), so the caller's arrays keep
-    their flags."""
-    for array in arguments[:entry.inputs]:
-        array.flags.writeable = False
+def _drive(entry_point, units, chunks, threads, arguments, call_arrays: int,
+           compiled: dict, key) -> None:
+    """The parallel driver over ``entry_point`` (entry.Compiled), whose first
+    ``call_arrays`` arguments are the call's own arrays, the rest the launch's; kept in
+    ``compiled[key]`` with its way into the entry point (parallel.BlockCall) once the
+    driver is compiled. While it compiles in the background (parallel.ready_driver), the
+    entry point runs the units on this thread, a piece at a time; the driver, once ready,
+    takes the units left."""
     driver = compiled.get(key)
     done = 0
     if driver is None:
         piece = -(-units // _SERIAL_PIECES)
-        while (driver := parallel.ready_driver(arguments)) is None:
-            function(done, min(units, done + piece), *arguments)
+        while (ready := parallel.ready_driver()) is None:
+            entry_point.function(done, min(units, done + piece), *arguments)
             done += piece
             if done >= units:
                 return
-        compiled[key] = driver
-    driver(address, done, units, chunks, threads, arguments)
+        driver = compiled[key] = (ready, parallel.block_call(entry_point, arguments,
+                                                             call_arrays))
+    run, block_call = driver
+    run(block_call.address, done, units, chunks, threads, block_call.block,
+        parallel.call_bytes(arguments[:call_arrays]))
 
 
 def _specialized(plan: WindowPlan):
@@ -481,16 +481,16 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     else:  # the maximum runs over the bits as signed integers (global_.global_max_units)
         arrays = (rows_in, rows_in.view(bits), rows_out, rows_out.view(bits))
     arguments = (*arrays, *constants)
-    function, address = (compiled.get("entry")
-                         or compiled.setdefault("entry", entry.compile(arguments)))
+    entry_point = (compiled.get("entry")
+                   or compiled.setdefault("entry", entry.compile(arguments)))
     threads = _threads.get_num_threads() if x.size >= _SERIAL_GLOBAL else 1
     guarded = _threads.enter_parallel(threads)
     try:
         if guarded is None:
-            function(0, rows[0], *arguments)
+            entry_point.function(0, rows[0], *arguments)
         else:
-            _drive(function, address, rows[0], min(rows[0], _GLOBAL_RUNS_PER_THREAD * threads),
-                   threads, entry, arguments, compiled, "driver")
+            _drive(entry_point, rows[0], min(rows[0], _GLOBAL_RUNS_PER_THREAD * threads),
+                   threads, arguments, len(arrays), compiled, "driver")
     finally:
         if guarded:
             _threads.leave_parallel()

@@ -108,11 +108,16 @@ def test_a_second_process_compiles_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))  # the processes below inherit it
     monkeypatch.setenv("NUMBA_NRT_STATS", "1")  # their scratch arrays counted (_finish)
     assert not _cache_files(), "the first processes must meet an empty cache"
-    # Two first processes at once, one per kernel family (one per core here); both save
-    # entries of the parallel driver, in turns (_cache.locked_cache)
-    maxima, sums = ({name for name, writes in _finish(process)["compiled"] if writes}
-                    for process in [_start("maxima"), _start("sums")])
-    assert maxima & sums == {"run_in_parallel"}
+    # Two first processes at once, one per kernel family (one per core here); the parallel
+    # driver is all they share, and both may compile it and save it, in turns
+    # (_cache.locked_cache)
+    records = [_finish(process) for process in [_start("maxima"), _start("sums")]]
+    maxima, sums = ({name for name, writes in record["compiled"] if writes}
+                    for record in records)
+    assert maxima & sums <= {"run_in_parallel"}
+    # one parallel driver serves every kernel, dtype and launch (parallel.BlockCall)
+    for record in records:
+        assert [name for name, _ in record["compiled"]].count("run_in_parallel") <= 1
     # the parallel driver and the kernels it calls are among what they compiled
     assert {"run_in_parallel", "max_pool_units_with_indices", "sum_pool_units",
             "global_max_units", "global_sum_units", "max_unpool", "column_units",
@@ -165,16 +170,16 @@ asked = []
 if sys.argv[1:] == ["handover"]:  # the driver is ready once a first piece has run serially
     ready_driver = parallel.ready_driver
 
-    def ready_after_a_piece(arguments):
-        asked.append(arguments[0].shape)
+    def ready_after_a_piece():
+        asked.append(True)
         if len(asked) > 1:
             parallel.wait_for_drivers()
-        return ready_driver(arguments)
+        return ready_driver()
 
     parallel.ready_driver = ready_after_a_piece
 x = np.random.default_rng(0).standard_normal((2, 16, 96, 96)).astype(np.float32)
 first = numbapool.max_pool(x, [3, 3], strides=[2, 2])
-compiling = [not future.done() for future in parallel._compiles.values()]
+compiling = [not future.done() for future in parallel._started()]
 drivers_at_once = len(parallel.run_in_parallel.overloads)
 parallel.wait_for_drivers()
 through_driver = numbapool.max_pool(x, [3, 3], strides=[2, 2])
@@ -238,7 +243,7 @@ from numbapool._kernels import parallel
 
 x = np.ones((2, 16, 96, 96), np.float32)
 numbapool.max_pool(x, [3, 3])
-assert any(not future.done() for future in parallel._compiles.values())
+assert any(not future.done() for future in parallel._started())
 child = os.fork()
 if child == 0:  # compiles a kernel of its own, which takes numba's compiler lock
     total = numbapool.average_pool(x, [2, 2], strides=[2, 2]).sum()

@@ -23,6 +23,8 @@ class Compiled(NamedTuple):
 
     function: object  # called from Python: (unit_begin, unit_end, *arguments, *kinds)
     address: int  # its machine code, for a parallel driver (parallel.py)
+    argument_types: tuple  # numba's types of its arguments after the unit range
+    context: object  # numba's target context that compiled it
 
 
 class EntryPoint(NamedTuple):
@@ -47,4 +49,5 @@ class EntryPoint(NamedTuple):
             self.kernel.compile(signature)
         result = self.kernel.overloads[signature]
         return Compiled(result.entry_point,
-                        result.library.get_pointer_to_function(result.fndesc.llvm_func_name))
+                        result.library.get_pointer_to_function(result.fndesc.llvm_func_name),
+                        signature[2:], result.target_context)

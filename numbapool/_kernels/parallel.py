@@ -2,10 +2,15 @@
 entry point (entry.py) through the address of its machine code.
 
 Called by name, numba would link the entry point's code into the driver and optimize and
-compile it a second time. Called through its address (an argument, so the driver's code
-holds no constant that differs between processes, and loads from the disk cache), the
-driver compiles in well under a second per argument types, whatever kernel it runs, and
-the kernel's loops compile once.
+compile it a second time. The driver instead calls a trampoline (``BlockCall``), a few
+lines of LLVM made in this process for each entry point, at its address, with
+the run of units, a block of memory that holds the entry point's arguments as numba passes
+them (made once per launch), and the data of the call's own arrays; the trampoline loads
+the arguments and calls the entry point at its address. The driver's own arguments then
+have the same types whatever kernel it runs: it compiles once, and loads from the disk
+cache in any later process (its code holds no address), and the kernel's loops compile
+once. A trampoline is LLVM's work alone, some milliseconds; a driver is numba's parfor
+lowering, half a second.
 
 A driver that is neither compiled in this process nor in the disk cache compiles on a
 thread of its own (``ready_driver``), while the call that needed it runs its units on the
@@ -16,118 +21,244 @@ process waits for it at exit, so that the driver reaches the disk cache.
 """
 
 import os
+import struct
 import threading
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for_futures
+from typing import NamedTuple
 
+import numpy as np
+from llvmlite import ir
 from numba import prange, types
 from numba.core import cgutils
+from numba.core.compiler_lock import global_compiler_lock
 from numba.extending import intrinsic
 
 from . import kernel
 from .threads import use_threads
 from .units import chunk_units
 
+# The arrays of a call whose data a trampoline takes from the driver (the call's inputs
+# and outputs: the rest of a block is the same on every call of a launch), at most
+CALL_ARRAYS = 4
+# An array of bytes as the driver takes the call's arrays (their data only: numba's types
+# of read-only and writable arrays have one layout, and the driver reads no element), and
+# the filler for the slots a call leaves empty
+_BYTES = types.Array(types.uint8, 1, "C", readonly=True)
+_NO_BYTES = np.frombuffer(b"", np.uint8)
+# The trampolines' type in numba's calling convention: (unit_begin, unit_end, the block,
+# the call arrays' data)
+_TRAMPOLINE_ARGUMENTS = (types.int64, types.int64) + (types.voidptr,) * (1 + CALL_ARRAYS)
+_INT64 = ir.IntType(64)
+
 
 @intrinsic
-def _call_units(typingctx, address, unit_begin, unit_end, arguments):
-    """Call the numba-compiled function at ``address``, compiled for (int64, int64, *the
-    types of ``arguments``) and returning None, on units [unit_begin, unit_end)."""
-    if not isinstance(address, types.Integer) or not isinstance(arguments, types.BaseTuple):
+def _call_units(typingctx, address, unit_begin, unit_end, block, call_arrays):
+    """Call the trampoline at ``address`` (BlockCall) on units [unit_begin, unit_end), with
+    the arguments in ``block`` and the data of ``call_arrays``."""
+    if not (isinstance(address, types.Integer) and isinstance(block, types.Array)
+            and isinstance(call_arrays, types.UniTuple)):
         return None
-    callee_types = (types.int64, types.int64) + tuple(arguments.types)
 
     def codegen(context, builder, signature, args):
-        address_value, begin, end, packed = args
+        address_value, begin, end, block_value, arrays_value = args
+        pointers = [block_value] + [builder.extract_value(arrays_value, i)
+                                    for i in range(CALL_ARRAYS)]
+        pointer_types = [signature.args[3]] + [signature.args[4].dtype] * CALL_ARRAYS
         values = [context.cast(builder, begin, signature.args[1], types.int64),
                   context.cast(builder, end, signature.args[2], types.int64)]
-        values += [builder.extract_value(packed, i) for i in range(len(arguments.types))]
-        function_type = context.call_conv.get_function_type(types.none, callee_types)
+        values += [builder.bitcast(context.make_array(array_type)(context, builder, value).data,
+                                   cgutils.voidptr_t)
+                   for array_type, value in zip(pointer_types, pointers)]
+        function_type = context.call_conv.get_function_type(types.none, _TRAMPOLINE_ARGUMENTS)
         callee = builder.inttoptr(address_value, function_type.as_pointer())
-        status, _ = context.call_conv.call_function(builder, callee, types.none, callee_types,
-                                                    values)
+        status, _ = context.call_conv.call_function(builder, callee, types.none,
+                                                    _TRAMPOLINE_ARGUMENTS, values)
         with cgutils.if_unlikely(builder, status.is_error):
             context.call_conv.return_status_propagate(builder, status)
         return context.get_dummy_value()
 
-    return types.none(address, unit_begin, unit_end, arguments), codegen
+    return types.none(address, unit_begin, unit_end, block, call_arrays), codegen
 
 
 @kernel(parallel=True)
-def run_in_parallel(address, first_unit, units, chunks, threads, arguments):
-    """Units [first_unit, units) of the serial entry point at ``address`` (compiled for
-    (int64, int64, *the types of ``arguments``)), in ``chunks`` runs on ``threads``
-    threads."""
+def run_in_parallel(address, first_unit, units, chunks, threads, block, call_arrays):
+    """Units [first_unit, units) of the serial entry point whose trampoline is at
+    ``address`` (BlockCall), with the arguments in ``block`` and the data of
+    ``call_arrays``, in ``chunks`` runs on ``threads`` threads."""
     before = use_threads(threads)
     for chunk in prange(chunks):
         unit_begin, unit_end = chunk_units(chunk, chunks, units - first_unit)
-        _call_units(address, first_unit + unit_begin, first_unit + unit_end, arguments)
+        _call_units(address, first_unit + unit_begin, first_unit + unit_end, block,
+                    call_arrays)
     use_threads(before)
 
 
-def _signature(arguments: tuple) -> tuple:
-    return (types.int64,) * 5 + (run_in_parallel.typeof_pyval(arguments),)
+# Its one signature
+_SIGNATURE = (types.int64,) * 5 + (_BYTES, types.UniTuple(_BYTES, CALL_ARRAYS))
 
 
-def _compile(signature: tuple):
-    """run_in_parallel compiled (or loaded from the disk cache) for ``signature``: the
-    compiled function itself, which does not check its argument types."""
+def call_bytes(arrays: tuple) -> tuple:
+    """The driver's call_arrays for ``arrays`` (C-contiguous, at most CALL_ARRAYS): views
+    of their bytes."""
+    return tuple([np.frombuffer(array, np.uint8) for array in arrays]
+                 + [_NO_BYTES] * (CALL_ARRAYS - len(arrays)))
+
+
+# Each argument the entry point takes in numba's calling convention (an array as its
+# fields, a tuple as its members) has a slot of SLOT bytes in the block, its value at the
+# slot's start
+SLOT = 8
+_SLOT_FORMATS = {types.int8: "b", types.uint8: "B", types.int16: "h", types.uint16: "H",
+                 types.int32: "i", types.uint32: "I", types.int64: "q", types.uint64: "Q",
+                 types.float32: "f", types.float64: "d", types.boolean: "?"}
+# an array's fields: meminfo and parent (neither read by the kernels, which count no
+# references), size, itemsize, data, then its shape and strides
+_ARRAY_DATA_FIELD = 4
+
+
+def _slot(code: str) -> str:
+    return code + "x" * (SLOT - struct.calcsize("@" + code))
+
+
+def _flattened(numba_type, value) -> list:
+    """(slot format, value) of each slot of an argument of ``numba_type``."""
+    if isinstance(numba_type, types.Array):
+        fields = (0, 0, value.size, value.itemsize, value.ctypes.data, *value.shape,
+                  *value.strides)
+        codes = "PPqqP" + "q" * (2 * value.ndim)
+        return [(_slot(code), field) for code, field in zip(codes, fields)]
+    if isinstance(numba_type, types.BaseTuple):
+        return [slot for member_type, member in zip(numba_type.types, value)
+                for slot in _flattened(member_type, member)]
+    kind = getattr(numba_type, "literal_type", numba_type)  # a literal as its value's type
+    return [(_slot(_SLOT_FORMATS[kind]), value)]
+
+
+class BlockCall(NamedTuple):
+    """The driver's way into one compiled entry point for one launch: its trampoline, and
+    the block it loads the entry point's arguments from."""
+
+    address: int  # the trampoline, in numba's convention (_TRAMPOLINE_ARGUMENTS)
+    block: np.ndarray  # the arguments' slots, read-only bytes
+
+
+def block_call(compiled, arguments: tuple, call_arrays: int) -> BlockCall:
+    """The BlockCall of ``compiled`` (entry.Compiled) for ``arguments`` (after the unit
+    range), whose first ``call_arrays`` are arrays that each call of the launch passes
+    anew: their data comes with each call (call_bytes), the rest of their fields (shape and
+    strides: the same on every call of a launch) and every other argument from the block."""
+    flat_types = compiled.context.get_arg_packer(compiled.argument_types).argument_types
+    slots = [_flattened(numba_type, argument)
+             for numba_type, argument in zip(compiled.argument_types, arguments)]
+    # the slot of each call array's data
+    data_slots = tuple(sum(map(len, slots[:i])) + _ARRAY_DATA_FIELD
+                       for i in range(call_arrays))
+    slots = [slot for argument_slots in slots for slot in argument_slots]
+    if len(slots) != len(flat_types):  # a type this packing does not know
+        raise TypeError(f"numbapool: cannot pass arguments of types {compiled.argument_types}")
+    layout = struct.Struct("@" + "".join(code for code, _ in slots))
+    block = np.frombuffer(layout.pack(*(value for _, value in slots)), np.uint8)
+    return BlockCall(_trampoline(compiled, flat_types, data_slots), block)
+
+
+# (entry point's address, its call arrays' data slots): its trampoline's address, and the
+# trampoline's compiled code, kept as long as the process lives, as numba keeps the kernels
+_TRAMPOLINES = {}
+
+
+def _trampoline(compiled, flat_types: tuple, data_slots: tuple) -> int:
+    """The address of the trampoline into ``compiled`` (entry.Compiled) that loads its
+    arguments, of ``flat_types``, from the block's slots, but those at ``data_slots``,
+    which the call arrays' data gives; made and compiled by LLVM once per entry point in
+    this process (it holds the entry point's address)."""
+    key = compiled.address, data_slots
+    with global_compiler_lock:
+        if key in _TRAMPOLINES:
+            return _TRAMPOLINES[key][0]
+        context = compiled.context
+        library = context.codegen().create_library("numbapool_trampoline")
+        module = library.create_ir_module("numbapool_trampoline")
+        name = f"numbapool_trampoline_{len(_TRAMPOLINES)}"
+        function = cgutils.get_or_insert_function(
+            module, context.call_conv.get_function_type(types.none, _TRAMPOLINE_ARGUMENTS),
+            name)
+        builder = ir.IRBuilder(function.append_basic_block())
+        status, exception, begin, end, block_pointer, *data = function.args
+        values = [builder.load(builder.bitcast(builder.gep(block_pointer, [_INT64(SLOT * i)]),
+                                               flat_type.as_pointer()))
+                  for i, flat_type in enumerate(flat_types)]
+        for slot, pointer in zip(data_slots, data):
+            values[slot] = builder.bitcast(pointer, flat_types[slot])
+        entry_type = context.call_conv.get_function_type(
+            types.none, (types.int64, types.int64) + tuple(compiled.argument_types))
+        entry = builder.inttoptr(_INT64(compiled.address), entry_type.as_pointer())
+        # the entry point's status and exception go straight to the driver's
+        builder.ret(builder.call(entry, [status, exception, begin, end] + values))
+        library.add_ir_module(module)
+        library.finalize()
+        _TRAMPOLINES[key] = library.get_pointer_to_function(name), library
+        return _TRAMPOLINES[key][0]
+
+
+def _compile():
+    """run_in_parallel compiled (or loaded from the disk cache): the compiled function
+    itself, which does not check its argument types."""
     # by signature rather than by a first call, which would first look up every numba
     # extension installed (20 ms of a first call in a fresh process)
-    run_in_parallel.compile(signature)
-    return run_in_parallel.overloads[signature].entry_point
+    run_in_parallel.compile(_SIGNATURE)
+    return run_in_parallel.overloads[_SIGNATURE].entry_point
 
 
 # Whether ready_driver may compile on its own thread (the test suite compiles in place, so
 # that every first call it makes runs through the parallel driver)
 COMPILE_IN_BACKGROUND = True
-_compiles = {}  # signature: the Future of its driver, compiled on a thread of its own
-_compiles_lock = threading.Lock()
+_compiling = None  # the Future of the driver compiling on a thread of its own, once started
+_compiling_lock = threading.Lock()
 
 
-def _compile_into(future: Future, signature: tuple) -> None:
+def _compile_into(future: Future) -> None:
     try:
-        future.set_result(_compile(signature))
+        future.set_result(_compile())
     except BaseException as error:  # handed to the call that picks the driver up
         future.set_exception(error)
 
 
-def ready_driver(arguments: tuple):
-    """run_in_parallel for ``arguments`` (their inputs already read-only) and int64 address
-    and counts, compiled (_compile), if it needs no compile (compiled already, or in the disk
-    cache: loaded now); otherwise None, its compile started on a thread of its own (once
-    per signature), and its result returned by a call once it is done.
+def ready_driver():
+    """run_in_parallel compiled (_compile), if it needs no compile (compiled already, or in
+    the disk cache: loaded now); otherwise None, its compile started on a thread of its own
+    (once), and its result returned by a call once it is done.
 
     The thread is not a daemon, so that a process waits for it at exit (and the driver
     reaches the disk cache), and it ends with its compile: no thread stays behind, which
     a fork would warn about."""
-    signature = _signature(arguments)
-    with _compiles_lock:
-        future = _compiles.get(signature)
+    global _compiling
+    with _compiling_lock:
+        future = _compiling
         if future is None:
             cache = getattr(run_in_parallel, "_cache", None)
-            if (not COMPILE_IN_BACKGROUND or signature in run_in_parallel.overloads
-                    or (hasattr(cache, "holds") and cache.holds(signature,
+            if (not COMPILE_IN_BACKGROUND or _SIGNATURE in run_in_parallel.overloads
+                    or (hasattr(cache, "holds") and cache.holds(_SIGNATURE,
                                                                 run_in_parallel.targetctx))):
-                return _compile(signature)
+                return _compile()
             future = Future()
             try:
-                threading.Thread(target=_compile_into, args=(future, signature),
+                threading.Thread(target=_compile_into, args=(future,),
                                  name="numbapool-driver").start()
             except RuntimeError:  # the interpreter is shutting down: no new threads
-                return _compile(signature)
-            _compiles[signature] = future
+                return _compile()
+            _compiling = future
     return future.result() if future.done() else None
 
 
 def _started() -> list:
-    with _compiles_lock:
-        return list(_compiles.values())
+    with _compiling_lock:
+        return [] if _compiling is None else [_compiling]
 
 
 def wait_for_drivers() -> None:
-    """Wait until every driver compiling in the background is compiled (and saved); raise
-    a compile's error."""
+    """Wait until the driver, if it is compiling in the background, is compiled (and
+    saved); raise its compile's error."""
     for future in _started():
         future.result()
 
@@ -140,10 +271,10 @@ def _before_fork() -> None:
 
 
 def _forget_compiles() -> None:
-    # a forked child has no compile thread: its drivers compile anew (or load)
-    global _compiles_lock
-    _compiles.clear()
-    _compiles_lock = threading.Lock()
+    # a forked child has no compile thread: its driver compiles anew (or loads)
+    global _compiling, _compiling_lock
+    _compiling = None
+    _compiling_lock = threading.Lock()
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_forget_compiles)
