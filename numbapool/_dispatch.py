@@ -107,7 +107,8 @@ class Launch(NamedTuple):
     entry: EntryPoint  # the serial entry point: (unit_begin, unit_end, x, y, *arguments)
     arguments: tuple  # its trailing arguments, its kinds last
     indices_arguments: tuple  # MaxPool's: (entry point with Indices, its arguments after them)
-    compiled: dict  # per Indices?, as met: the entry point and ("driver", Indices?) its driver
+    compiled: dict  # per Indices?, as met: the entry point, and ("driver", Indices?) the
+    # driver with its parallel.BlockCall
     rows_shape: tuple  # (N*C, prod(spatial in)): the input as the kernels take it
     storage: np.dtype | None  # the dtype the kernels see the arrays as, if not the plan's
 
@@ -436,7 +437,8 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
     """What a valid global pooling call with these arguments needs besides its arrays:
     (out_shape, dtype, rows, serial entry point, its trailing arguments, the storage dtype
     of 16-bit floats or None, the dtype of the bits GlobalMaxPool compares or None,
-    {"entry": the entry point compiled, "driver": the parallel driver compiled, once met}).
+    {"entry": the entry point compiled, "driver": the parallel driver compiled and its
+    parallel.BlockCall, once met}).
     Validates, and keeps the answer for the next call."""
     plan = global_plan(op, shape, dtype)
     storage = _STORAGE.get(plan.dtype)

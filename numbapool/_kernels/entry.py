@@ -6,7 +6,8 @@ kind of p) takes its kinds last and is compiled with them as literals: numba com
 kind's loops with the kinds constant, and a first call compiles its own kind only.
 
 The compiled specialization is called itself: from Python through its own wrapper, from a
-parallel driver through the address of its machine code. A jitted function between the two,
+parallel driver through a trampoline at the address of its machine code (parallel.py). A
+jitted function between the two,
 such as a closure over the kinds, would link the kernel's code into its own, and LLVM would
 optimize and compile it all a second time: about half a second of a first call.
 """
@@ -22,7 +23,7 @@ class Compiled(NamedTuple):
     """An entry point compiled for one set of argument types."""
 
     function: object  # called from Python: (unit_begin, unit_end, *arguments, *kinds)
-    address: int  # its machine code, for a parallel driver (parallel.py)
+    address: int  # its machine code, which a parallel driver's trampoline calls
     argument_types: tuple  # numba's types of its arguments after the unit range
     context: object  # numba's target context that compiled it
 
@@ -40,7 +41,7 @@ class EntryPoint(NamedTuple):
 
         The inputs are compiled as read-only arrays whatever their flags (a flag is part of
         an array's numba type, not of its layout), so that one compilation serves writable
-        and read-only inputs; a parallel driver must receive them read-only."""
+        and read-only inputs."""
         given = [self.kernel.typeof_pyval(a) for a in arguments[:len(arguments) - len(self.kinds)]]
         given[:self.inputs] = [array.copy(readonly=True) for array in given[:self.inputs]]
         signature = ((types.int64, types.int64) + tuple(given)

@@ -151,7 +151,8 @@ def block_call(compiled, arguments: tuple, call_arrays: int) -> BlockCall:
     flat_types = compiled.context.get_arg_packer(compiled.argument_types).argument_types
     slots = [_flattened(numba_type, argument)
              for numba_type, argument in zip(compiled.argument_types, arguments)]
-    # the slot of each call array's data
+    # the slot of each call array's data (the trampoline takes it from the call; the block
+    # keeps this call's there, unread)
     data_slots = tuple(sum(map(len, slots[:i])) + _ARRAY_DATA_FIELD
                        for i in range(call_arrays))
     slots = [slot for argument_slots in slots for slot in argument_slots]
