@@ -102,6 +102,37 @@ def test_a_branch_a_literal_kind_never_takes_is_pruned_before_inlining(monkeypat
     assert (other(5, 0, False), inlined) == (10, ["plus_one", "twice"])
 
 
+
+def test_an_inlined_function_is_made_into_ir_once(monkeypatch):
+    # numba's inliner makes a helper's untyped IR again at every call site of every
+    # compile; the pipeline makes it once, and each site still gets its own copy
+    from numba.core import inline_closurecall
+
+    made = []
+    make = inline_closurecall.InlineWorker.run_untyped_passes
+
+    def recording(self, function, *rest):
+        made.append(function.__name__)
+        return make(self, function, *rest)
+
+    monkeypatch.setattr(inline_closurecall.InlineWorker, "run_untyped_passes", recording)
+
+    @njit(inline="always")
+    def scaled(x, factor):
+        total = x
+        for _ in range(factor - 1):
+            total = total + x
+        return total
+
+    @njit(pipeline_class=LiteralKindsCompiler)
+    def two_sites(x):
+        return scaled(x, 2) + scaled(x, 3)
+
+    assert two_sites(1.5) == 7.5
+    assert two_sites(4) == 20  # a second compile, for int64
+    assert made == ["scaled"]
+
+
 _COMPILES_PER_OPERATOR = """
 import collections, json
 import numpy as np

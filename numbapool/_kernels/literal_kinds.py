@@ -1,4 +1,5 @@
-"""A compiler pipeline that compiles only the branches a kernel's literal kinds take.
+"""A compiler pipeline that compiles only the branches a kernel's literal kinds take, and
+builds each inlined helper's IR once per process.
 
 numba types and lowers every branch of a function, even one whose condition compares a
 literal argument with a constant (``if p_kind == 0:`` compiled for ``Literal[int](2)``):
@@ -6,12 +7,20 @@ its dead-branch pruning resolves arguments only against None. Every callee in a 
 kind never takes was typed and compiled all the same, a large part of a first call. This
 pipeline turns each literal integer or boolean argument into a constant before numba's
 pruning runs, so that its pruning (before and after inlining) drops those branches.
+
+numba's inlining of an ``inline="always"`` function runs its untyped passes (bytecode to
+IR, and the inlining of the helpers it calls in turn) at every call site, in every
+compile. That IR depends on the function and the compile's flags alone, and numba copies
+it before changing it (InlineWorker.inline_ir), so this pipeline keeps it, per function
+and flags, for the process's later call sites.
 """
+
+import functools
 
 from numba.core import ir, types
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
 from numba.core.compiler_machinery import FunctionPass, register_pass
-from numba.core.untyped_passes import FixupArgs
+from numba.core.untyped_passes import FixupArgs, InlineInlinables
 
 
 @register_pass(mutates_CFG=False, analysis_only=False)
@@ -41,11 +50,42 @@ class LiteralArgumentsAsConstants(FunctionPass):
         return changed
 
 
+# (function, flags) -> its IR after numba's untyped passes, as the inliner makes it
+_UNTYPED_IR = {}
+
+
+def _untyped_ir_once(worker, run_untyped_passes, function, enable_ssa=False):
+    """``worker.run_untyped_passes(function, enable_ssa)``, made once per function and flags
+    (``run_untyped_passes`` is numba's own, bound to ``worker``)."""
+    worker.flags.enable_ssa = enable_ssa  # as numba's sets it, on the compile's own flags
+    key = (function, worker.flags.copy())
+    if key not in _UNTYPED_IR:
+        _UNTYPED_IR[key] = run_untyped_passes(function, enable_ssa)
+    return _UNTYPED_IR[key]
+
+
+@register_pass(mutates_CFG=True, analysis_only=False)
+class InlineInlinablesOnce(InlineInlinables):
+    """numba's InlineInlinables, each inlined function's untyped IR made once per process
+    (_untyped_ir_once)."""
+
+    _name = "inline_inlinables_once"
+
+    def _do_work(self, state, work_list, block, i, expr, inline_worker):
+        if "run_untyped_passes" not in vars(inline_worker):
+            inline_worker.run_untyped_passes = functools.partial(
+                _untyped_ir_once, inline_worker, inline_worker.run_untyped_passes)
+        return super()._do_work(state, work_list, block, i, expr, inline_worker)
+
+
 class LiteralKindsCompiler(CompilerBase):
-    """numba's nopython pipeline, literal arguments made constants before any pruning."""
+    """numba's nopython pipeline, literal arguments made constants before any pruning, and
+    each inlined function's untyped IR made once (InlineInlinablesOnce)."""
 
     def define_pipelines(self):
         manager = DefaultPassBuilder.define_nopython_pipeline(self.state)
         manager.add_pass_after(LiteralArgumentsAsConstants, FixupArgs)
+        manager.passes = [(InlineInlinablesOnce if pass_ is InlineInlinables else pass_, name)
+                          for pass_, name in manager.passes]
         manager.finalize()
         return [manager]
