@@ -17,16 +17,12 @@ from llvmlite import ir
 from numba import types
 from numba.core.extending import intrinsic, overload
 
+from . import INLINED
 from .scratch import allocation
 
 
-@intrinsic
-def _half_bits_to_float32(typingctx, bits):
-    def codegen(context, builder, signature, args):
-        half = builder.bitcast(args[0], ir.HalfType())
-        return builder.fpext(half, ir.FloatType())
-
-    return types.float32(types.uint16), codegen
+def _half_bits_to_float32(builder, bits):
+    return builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())
 
 
 @intrinsic
@@ -39,13 +35,9 @@ def _float32_to_half_bits(typingctx, value):
     return types.uint16(types.float32), codegen
 
 
-@intrinsic
-def _bfloat16_bits_to_float32(typingctx, bits):
-    def codegen(context, builder, signature, args):
-        wide = builder.zext(builder.bitcast(args[0], ir.IntType(16)), ir.IntType(32))
-        return builder.bitcast(builder.shl(wide, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
-
-    return types.float32(types.int16), codegen
+def _bfloat16_bits_to_float32(builder, bits):
+    wide = builder.zext(bits, ir.IntType(32))
+    return builder.bitcast(builder.shl(wide, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
 
 
 @intrinsic
@@ -80,18 +72,24 @@ def _low_16_bits_as_int16(typingctx, value):
     return types.int16(types.uint32), codegen
 
 
-def decode(value):
+# decode and as_accumulator are intrinsics, which emit their conversion in place at each
+# call: as overloads that numba inlines (and encode as one, rather than compiled once for
+# LLVM to inline), each call site's IR was copied and typed again, 12 % of the Python calls
+# of a warmup of MaxPool and AveragePool in float32 and float16 (cProfile)
+
+
+@intrinsic
+def decode(typingctx, value):
     """The value of one stored element, in the type the loops compute in."""
-
-
-@overload(decode, inline="always")
-def _decode_overload(value):
     if value == types.uint16:
-        return lambda value: _half_bits_to_float32(value)
+        return types.float32(value), lambda context, builder, signature, args: (
+            _half_bits_to_float32(builder, args[0]))
     if value == types.int16:
-        return lambda value: _bfloat16_bits_to_float32(value)
+        return types.float32(value), lambda context, builder, signature, args: (
+            _bfloat16_bits_to_float32(builder, args[0]))
     if isinstance(value, (types.Float, types.Integer)):
-        return lambda value: value
+        value = types.unliteral(value)
+        return value(value), lambda context, builder, signature, args: args[0]
     return None
 
 
@@ -99,7 +97,7 @@ def encode(value, out):
     """``value`` rounded once to the element type of the array ``out``."""
 
 
-@overload(encode, inline="always")
+@overload(encode, jit_options=INLINED)
 def _encode_overload(value, out):
     dtype = out.dtype
     if dtype == types.uint16:
@@ -133,7 +131,7 @@ def narrow_to_float32(value):
     """float64 -> float32 rounded to odd, so that a second rounding to 16 bits is exact."""
 
 
-@overload(narrow_to_float32, inline="always")
+@overload(narrow_to_float32, jit_options=INLINED)
 def _narrow_to_float32_overload(value):
     if value == types.float64:
 
@@ -157,15 +155,18 @@ def _accumulates_in_float64(like) -> bool:
     return kind == types.float64
 
 
-def as_accumulator(value, like):
+@intrinsic
+def as_accumulator(typingctx, value, like):
     """``value`` in the accumulator type of ``like`` (see _accumulates_in_float64)."""
+    if not isinstance(value, (types.Float, types.Integer)):
+        return None
+    value = types.unliteral(value)
+    accumulator = types.float64 if _accumulates_in_float64(like) else types.float32
 
+    def codegen(context, builder, signature, args):
+        return context.cast(builder, args[0], value, accumulator)
 
-@overload(as_accumulator, inline="always")
-def _as_accumulator_overload(value, like):
-    if _accumulates_in_float64(like):
-        return lambda value, like: np.float64(value)
-    return lambda value, like: np.float32(value)
+    return accumulator(value, like), codegen
 
 
 @intrinsic
