@@ -260,7 +260,7 @@ def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, index_offse
     release(row_strides, starts, best, best_taps, rows, row_taps, keys, positions)
 
 
-@njit(inline="always")
+@inlined()
 def border_max(o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets):
     """MaxPool of output o of a row, its taps checked one by one."""
     last = axes.shape[1] - 1

@@ -283,7 +283,7 @@ def border_sum(o, row_offset, row_inside, starts, zero, p, p_kind, source, axes,
     return total
 
 
-@njit(inline="always")
+@inlined()
 def leading_divisor(divisor_counts, positions, last):
     """The product of AveragePool's per-axis tap counts over the leading axes."""
     # an int64 from the start: a literal 1 would have numba compile the callees it is
@@ -312,7 +312,7 @@ def mean_at(total, leading, divisor_counts, o, zero, y):
     return encode(total / as_float if divisor > 0 else zero, y)
 
 
-@njit(inline="always")
+@inlined()
 def divisor_row(row_divisors, leading, divisor_counts, zero):
     """row_divisors[o] = the divisor of output o along the last axis (divisor_at, at least
     1) in a row whose leading axes' tap counts multiply to ``leading``."""

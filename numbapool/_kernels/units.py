@@ -11,6 +11,13 @@ is 1. A parallel driver deals the units out in ``chunks`` contiguous runs; each 
 plain function, which allocates its scratch once and which numba optimizes far better than
 code inside the parallel region. Only the first unit of a run is found by division
 (``first_unit``); the next ones step like an odometer (``next_unit``).
+
+The helpers a kernel calls once per row or per tap, whose types do not depend on the dtype,
+are compiled once per process for LLVM to inline (``inlined``): numba inlines a helper of
+its own by copying and typing its IR again at each call site of each kernel. The unit
+stepping (``first_unit``, ``next_unit``, ``place_row``, ``unit_row``) stays inlined by
+numba: compiled once, densenet's AveragePool took 1.07 to 1.1x and the resnet stem's MaxPool
+1.02 to 1.08x as long (A/B, 25 to 41 rounds).
 """
 
 import numpy as np
@@ -18,6 +25,7 @@ from numba import njit
 
 from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_INPUT_STRIDE,
                      AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE)
+from . import inlined
 from .scratch import empty, flat_view
 
 
@@ -92,7 +100,7 @@ def place_row(positions, axes, block, starts):
     return first, end, row, offset, inside
 
 
-@njit(inline="always")
+@inlined()
 def tap_is_inside(tap, taps, starts, axes, end_axis):
     """Whether the tap lies inside the input along the axes before ``end_axis``."""
     for axis in range(end_axis):
@@ -102,7 +110,7 @@ def tap_is_inside(tap, taps, starts, axes, end_axis):
     return True
 
 
-@njit(inline="always")
+@inlined()
 def tap_run(tap, first, end, tap_outputs, row_offset, axes, tap_offsets):
     """The outputs in [first, end) of the row for which last-axis tap number ``tap`` lies
     inside the input there, as (index of the first in the row part, how many, input offset
@@ -116,7 +124,7 @@ def tap_run(tap, first, end, tap_outputs, row_offset, axes, tap_offsets):
     return np.uint64(lo - first), max(0, hi - lo), np.uint64(max(0, offset))
 
 
-@njit(inline="always")
+@inlined()
 def window_index(nc, channel_size, starts, axes):
     """The Indices numbering of the window's start at ``starts``, in channel ``nc``."""
     index = nc * channel_size
@@ -125,7 +133,7 @@ def window_index(nc, channel_size, starts, axes):
     return index
 
 
-@njit(inline="always")
+@inlined()
 def plane_axes(axes):
     """A 2-D geometry's (height, width, out_height, out_width, top pad, left pad, the first
     axis's stride)."""
@@ -174,7 +182,7 @@ def window_rows(unit, plane, next_row, out_height, row_step, top, window_height,
     return plane, row, inside_top, inside_end, max(next_row, inside_top)
 
 
-@njit(inline="always")
+@inlined()
 def interior_outputs(axes, width):
     """(lo, hi): the outputs along the last axis whose ``width`` taps (dilation 1) all lie
     inside the input. Divisions: computed once per run of units, not per unit."""
@@ -195,7 +203,7 @@ def input_row_strides(axes):
     return strides
 
 
-@njit(inline="always")
+@inlined()
 def first_input_row(nc, channel_rows, starts, row_strides):
     """The input row number (counted over all channels) where a unit's window starts."""
     row = nc * channel_rows
@@ -204,7 +212,7 @@ def first_input_row(nc, channel_rows, starts, row_strides):
     return row
 
 
-@njit(inline="always")
+@inlined()
 def row_slot(row_index, first, keys, slots, out_last):
     """The cache slot of one input row's last-axis results for the outputs from ``first``,
     and whether they must be computed (not cached there yet)."""
@@ -216,7 +224,7 @@ def row_slot(row_index, first, keys, slots, out_last):
     return slot, True
 
 
-@njit(inline="always")
+@inlined()
 def interior_span(first, end, interior):
     """[lo, hi): the outputs in [first, end) inside ``interior`` (from interior_outputs)."""
     lo = min(max(first, interior[0]), end)
