@@ -46,7 +46,7 @@ def collector_paused():
 # into the kernels that call it (also the jit_options of such an overload): compiled as
 # those kernels are, free of the GIL and of reference counting, and without the wrappers
 # that would let Python call it (only kernels do), each a compile of its own: with them, a
-# first LpPool p=3, whose kernel calls seven such helpers, took 2.8 s against 2.5 s (fresh
+# first LpPool p=3, whose kernel calls seven such helpers, took 2.9 s against 2.5 s (fresh
 # processes in turn, medians of four).
 INLINED = {"forceinline": True, "nogil": True, "_nrt": False, "no_cpython_wrapper": True,
            "no_cfunc_wrapper": True}
