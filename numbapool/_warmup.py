@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import functools
 import multiprocessing
 import os
+import sys
 
 import numpy as np
 
@@ -189,12 +191,28 @@ def _compiled_here(task: tuple, bar) -> bool:
                for _, event_ in compiles.buffer)
 
 
+def _exit_now() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _worker_start() -> None:
+    """A worker's initializer. At its exit, its last result sent and its kernels in the
+    disk cache, it leaves without tearing its interpreter down: freeing the objects of its
+    hundred compiles held the warmup of everything 3.6 s past its last task (0.04 s
+    without). Registered after numba's and llvmlite's exit handlers, it runs before them:
+    they only mark the interpreter as shutting down."""
+    atexit.register(_exit_now)
+
+
 def _compile_in_workers(tasks: list, workers: int, bar) -> None:
     """_exercise_task each task in one of ``workers`` processes, which compile into the
     disk cache (their saves take turns: _cache.locked_cache)."""
     # spawned, not forked: a fork of a process that ran numba's threads may hang
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
+                                                initializer=_worker_start) as pool:
         running = {pool.submit(_exercise_task, *task): task for task in tasks}
         for done in concurrent.futures.as_completed(running):
             done.result()
