@@ -208,16 +208,23 @@ def _worker_start() -> None:
 
 def _compile_in_workers(tasks: list, workers: int, bar) -> None:
     """_exercise_task each task in one of ``workers`` processes, which compile into the
-    disk cache (their saves take turns: _cache.locked_cache)."""
+    disk cache (their saves take turns: _cache.locked_cache); this process loads each
+    task's kernels as soon as its worker is done, while the workers go on (loaded after
+    them, a warmup of everything's kernels took its last 4 s on one core)."""
     # spawned, not forked: a fork of a process that ran numba's threads may hang
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
                                                 initializer=_worker_start) as pool:
         running = {pool.submit(_exercise_task, *task): task for task in tasks}
-        for done in concurrent.futures.as_completed(running):
-            done.result()
-            bar.set_postfix_str("%s %s" % running[done][:2])
-            bar.update()
+        try:
+            for done in concurrent.futures.as_completed(running):
+                done.result()
+                _exercise_task(*running[done])
+                bar.set_postfix_str("%s %s" % running[done][:2])
+                bar.update()
+        except BaseException:  # an error or an interrupt: the tasks not started are dropped
+            pool.shutdown(cancel_futures=True)
+            raise
 
 
 def warmup(ops=None, dtypes=None, *, progress: bool | None = None,
@@ -239,10 +246,10 @@ def warmup(ops=None, dtypes=None, *, progress: bool | None = None,
         Show a progress bar (tqdm); by default only when stderr is a terminal.
     processes : int, optional
         How many worker processes compile at once on an empty cache, sharing out the
-        operators, dtypes and windows, into the disk cache, from which this process then
-        loads them all (seconds); by default one per CPU this process may run on, at most
-        8 (each takes about 350 MB). 1 compiles in this process alone, as does any count
-        when there is no disk cache.
+        operators, dtypes and windows, into the disk cache, from which this process
+        loads each task's kernels as its worker finishes it; by default one per CPU this
+        process may run on, at most 8 (each takes about 350 MB). 1 compiles in this
+        process alone, as does any count when there is no disk cache.
 
     Returns
     -------
@@ -271,8 +278,6 @@ def warmup(ops=None, dtypes=None, *, progress: bool | None = None,
         # would only add their own start (a second or more each).
         if tasks and _compiled_here(tasks[-1], bar) and workers > 1:
             _compile_in_workers(tasks[:-1], workers, bar)
-            for task in tasks[:-1]:  # loads what the workers compiled, in seconds
-                _exercise_task(*task)
         else:
             for task in tasks[:-1]:
                 _compiled_here(task, bar)

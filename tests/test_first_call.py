@@ -144,7 +144,8 @@ print(json.dumps(compiled))
 def test_warmup_workers_leave_a_complete_cache(tmp_path):
     # The calling process runs one task (and compiles it: the cache is empty), two
     # workers the others at once, saving entries of the same kernels (the summing kernel
-    # per dtype and kind of p, the parallel driver); the calling process then loads them.
+    # per dtype and kind of p, the parallel driver); the calling process loads each task's
+    # kernels as its worker finishes it.
     # A later process compiles nothing and writes nothing.
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
 
