@@ -63,8 +63,10 @@ def kernel(**options):
     can, with saves that take turns across processes (_cache.locked_cache).
 
     Compiled without numba's reference counting: a kernel frees its own scratch arrays
-    (scratch.py)."""
-    options = {"_nrt": False, **options}
+    (scratch.py); and without numba's C wrapper, a compile of its own: Python calls a
+    kernel through its Python wrapper, the parallel driver and other kernels at its own
+    address."""
+    options = {"_nrt": False, "no_cfunc_wrapper": True, **options}
 
     def decorate(function):
         dispatcher = njit(nogil=True, pipeline_class=LiteralKindsCompiler, **options)(function)
