@@ -193,6 +193,39 @@ def test_warmup_workers_each_take_their_own_dtypes():
                                                                        float32[1::2]]
 
 
+_FAILING_TASK = """
+import multiprocessing
+
+import numbapool._warmup as warmup
+exercise = warmup._exercise
+
+
+def fail_on_float32(op, dtype, window=None):
+    if dtype == "float32" and multiprocessing.parent_process() is not None:
+        raise RuntimeError("a task failed in a worker")
+    return exercise(op, dtype, window)
+
+
+warmup._exercise = fail_on_float32
+"""
+
+
+def test_warmup_raises_the_error_of_a_task_in_a_worker(tmp_path):
+    # every process, the spawned workers too, imports sitecustomize at its start: the
+    # calling process compiles float64 (the last task: the cache is cold), a worker fails
+    # on float32 (where the calling process would not); the warmup fails with that error,
+    # and its workers, which hold the pipes this run reads to their end, are gone when it
+    # does
+    (tmp_path / "sitecustomize.py").write_text(_FAILING_TASK)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    result = run_numbapool("warmup", "--ops", "GlobalMaxPool", "--dtypes", "float32",
+                           "float64", "--processes", "2", env=env, timeout=300)
+    assert result.returncode != 0
+    assert "RuntimeError: a task failed in a worker" in result.stderr
+    assert "_compile_in_workers" in result.stderr
+
+
 def test_warmup_workers_default_to_the_cpus_at_most_eight(monkeypatch):
     # each worker holds numba and LLVM (hundreds of MB): a 64-core machine gets 8
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
