@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import atexit
-import collections
 import concurrent.futures
-import contextlib
 import functools
 import multiprocessing
 import os
@@ -139,8 +137,10 @@ def _exercise(op: str, dtype: np.dtype, window: int | None = None) -> None:
 
 def _tasks(pairs: list) -> list:
     """(op, dtype name, window) for each pair: a windowed operator's windows one by one,
-    so that workers share out one operator's kernels too, in turn across the dtypes, window
-    by window (the order each worker's queue keeps: _share_out)."""
+    so that workers share out one operator's kernels too. In turn across the dtypes, window
+    by window: tasks that run at once are then of different dtypes where there are several,
+    and do not compile at once the kernels one dtype's windows share (each window's
+    MaxPool with Indices, say), which both workers would do on an empty cache."""
     windows = range(len(list(_windows())))
     tasks = []
     for op in dict.fromkeys(op for op, _ in pairs):
@@ -206,54 +206,25 @@ def _worker_start() -> None:
     atexit.register(_exit_now)
 
 
-def _share_out(tasks: list, workers: int) -> list[collections.deque]:
-    """Each worker's queue of tasks, in their order: where there are as many dtypes as
-    workers or more, the tasks of every ``workers``-th dtype, so that the helpers a kernel
-    inlines, compiled once per dtype in each process that calls them, compile in one
-    worker; else every ``workers``-th task."""
-    names = list(dict.fromkeys(name for _, name, _ in tasks))
-    if len(names) < workers:
-        return [collections.deque(tasks[worker::workers]) for worker in range(workers)]
-    owner = {name: number % workers for number, name in enumerate(names)}
-    return [collections.deque(task for task in tasks if owner[task[1]] == worker)
-            for worker in range(workers)]
-
-
 def _compile_in_workers(tasks: list, workers: int, bar) -> None:
     """_exercise_task each task in one of ``workers`` processes, which compile into the
     disk cache (their saves take turns: _cache.locked_cache); this process loads each
     task's kernels as soon as its worker is done, while the workers go on (loaded after
-    them, a warmup of everything's kernels took its last 4 s on one core).
-
-    A worker holds two tasks at a time, the one it runs and the next, from its own queue
-    (_share_out), then, that queue empty, the last of the longest queue left."""
-    queues = _share_out(tasks, workers)
+    them, a warmup of everything's kernels took its last 4 s on one core)."""
     # spawned, not forked: a fork of a process that ran numba's threads may hang
     context = multiprocessing.get_context("spawn")
-    with contextlib.ExitStack() as stack:  # on an error, the tasks given out finish first
-        pools = [stack.enter_context(concurrent.futures.ProcessPoolExecutor(
-            1, mp_context=context, initializer=_worker_start)) for _ in queues]
-        running = {}
-
-        def give_task(worker: int) -> None:
-            queue = queues[worker] or max(queues, key=len)
-            if queue:
-                task = queue.popleft() if queue is queues[worker] else queue.pop()
-                running[pools[worker].submit(_exercise_task, *task)] = worker, task
-
-        for worker in range(workers):  # two each: the next waits in the worker's queue
-            give_task(worker)
-            give_task(worker)
-        while running:
-            done, _ = concurrent.futures.wait(
-                running, return_when=concurrent.futures.FIRST_COMPLETED)
-            for future in done:
-                worker, task = running.pop(future)
-                future.result()
-                give_task(worker)
-                _exercise_task(*task)
-                bar.set_postfix_str("%s %s" % task[:2])
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
+                                                initializer=_worker_start) as pool:
+        running = {pool.submit(_exercise_task, *task): task for task in tasks}
+        try:
+            for done in concurrent.futures.as_completed(running):
+                done.result()
+                _exercise_task(*running[done])
+                bar.set_postfix_str("%s %s" % running[done][:2])
                 bar.update()
+        except BaseException:  # an error or an interrupt: the tasks not started are dropped
+            pool.shutdown(cancel_futures=True)
+            raise
 
 
 def warmup(ops=None, dtypes=None, *, progress: bool | None = None,

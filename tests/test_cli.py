@@ -166,8 +166,8 @@ def test_warmup_reaches_every_windowed_kernel():
 
 
 def test_warmup_tasks_take_the_dtypes_in_turn():
-    # window by window, in turn across the dtypes (the order of each worker's queue); every
-    # task is there once, MaxUnpool's last (the calling process runs it first)
+    # two workers on consecutive tasks then never compile one dtype's shared kernels (the
+    # MaxPool with Indices every window calls) at once; every task is there once
     pairs = [("MaxPool", "float16"), ("MaxPool", "float32"), ("MaxUnpool", "float32")]
     tasks = _warmup._tasks(pairs)
     windows = len(list(_warmup._windows()))
@@ -175,22 +175,6 @@ def test_warmup_tasks_take_the_dtypes_in_turn():
     assert tasks[:4] == [("MaxPool", "float16", 0), ("MaxPool", "float32", 0),
                          ("MaxPool", "float16", 1), ("MaxPool", "float32", 1)]
     assert tasks[-1] == ("MaxUnpool", "float32", None)
-
-
-def test_warmup_workers_each_take_their_own_dtypes():
-    # a dtype's tasks in one worker's queue, in their order (its inlined helpers then
-    # compile in that worker alone); with fewer dtypes than workers, every other task
-    pairs = [(op, name) for op in ("MaxPool", "GlobalMaxPool")
-             for name in ("float16", "bfloat16", "float32")]
-    tasks = _warmup._tasks(pairs)
-    queues = _warmup._share_out(tasks, 2)
-    assert sorted(queues[0] + queues[1]) == sorted(tasks)
-    assert {name for _, name, _ in queues[0]} == {"float16", "float32"}
-    assert {name for _, name, _ in queues[1]} == {"bfloat16"}
-    assert list(queues[1]) == [task for task in tasks if task[1] == "bfloat16"]
-    float32 = _warmup._tasks([("MaxPool", "float32")])
-    assert [list(queue) for queue in _warmup._share_out(float32, 2)] == [float32[0::2],
-                                                                       float32[1::2]]
 
 
 _FAILING_TASK = """
