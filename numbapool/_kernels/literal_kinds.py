@@ -13,6 +13,14 @@ IR, and the inlining of the helpers it calls in turn) at every call site, in eve
 compile. That IR depends on the function and the compile's flags alone, and numba copies
 it before changing it (InlineWorker.inline_ir), so this pipeline keeps it, per function
 and flags, for the process's later call sites.
+
+Two of numba's passes have nothing to do in a kernel, which makes no closures, list
+comprehensions, array expressions or constant arrays: InlineClosureLikes (closures,
+arrays built by comprehensions, reductions, stencils) and NopythonRewrites (array
+expressions, calls on constant arrays, getitems by string literals). Each still walks the
+IR and works out its variables' lifetimes two or three times; a serial kernel's pipeline
+leaves both out (the machine code of every kernel a warmup of everything compiles is the
+same without them), the parallel driver's keeps them.
 """
 
 import functools
@@ -20,7 +28,8 @@ import functools
 from numba.core import ir, types
 from numba.core.compiler import CompilerBase, DefaultPassBuilder
 from numba.core.compiler_machinery import FunctionPass, register_pass
-from numba.core.untyped_passes import FixupArgs, InlineInlinables
+from numba.core.typed_passes import NopythonRewrites
+from numba.core.untyped_passes import FixupArgs, InlineClosureLikes, InlineInlinables
 
 
 @register_pass(mutates_CFG=False, analysis_only=False)
@@ -78,14 +87,21 @@ class InlineInlinablesOnce(InlineInlinables):
         return super()._do_work(state, work_list, block, i, expr, inline_worker)
 
 
+# numba's passes that find nothing to change in a serial kernel (above)
+_NOTHING_TO_DO = (InlineClosureLikes, NopythonRewrites)
+
+
 class LiteralKindsCompiler(CompilerBase):
-    """numba's nopython pipeline, literal arguments made constants before any pruning, and
-    each inlined function's untyped IR made once (InlineInlinablesOnce)."""
+    """numba's nopython pipeline, literal arguments made constants before any pruning,
+    each inlined function's untyped IR made once (InlineInlinablesOnce), and without
+    _NOTHING_TO_DO unless the function is parallel."""
 
     def define_pipelines(self):
         manager = DefaultPassBuilder.define_nopython_pipeline(self.state)
         manager.add_pass_after(LiteralArgumentsAsConstants, FixupArgs)
+        parallel = self.state.flags.auto_parallel.enabled
         manager.passes = [(InlineInlinablesOnce if pass_ is InlineInlinables else pass_, name)
-                          for pass_, name in manager.passes]
+                          for pass_, name in manager.passes
+                          if parallel or pass_ not in _NOTHING_TO_DO]
         manager.finalize()
         return [manager]
