@@ -85,8 +85,9 @@ def main(argv=None) -> int:
     if args.command == "warmup":
         import numbapool
         try:
+            # the kernels into the disk cache only: this process exits next
             done = numbapool.warmup(args.ops, args.dtypes, progress=True,
-                                     processes=args.processes)
+                                     processes=args.processes, load=False)
         except ValueError as error:
             parser.error(str(error))
         print(f"{len(done)} operator and dtype pairs ready")

@@ -206,11 +206,11 @@ def _worker_start() -> None:
     atexit.register(_exit_now)
 
 
-def _compile_in_workers(tasks: list, workers: int, bar) -> None:
+def _compile_in_workers(tasks: list, workers: int, bar, load: bool) -> None:
     """_exercise_task each task in one of ``workers`` processes, which compile into the
-    disk cache (their saves take turns: _cache.locked_cache); this process loads each
-    task's kernels as soon as its worker is done, while the workers go on (loaded after
-    them, a warmup of everything's kernels took its last 4 s on one core)."""
+    disk cache (their saves take turns: _cache.locked_cache); if ``load``, this process
+    loads each task's kernels as soon as its worker is done, while the workers go on
+    (loaded after them, a warmup of everything's kernels took its last 4 s on one core)."""
     # spawned, not forked: a fork of a process that ran numba's threads may hang
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
@@ -219,7 +219,8 @@ def _compile_in_workers(tasks: list, workers: int, bar) -> None:
         try:
             for done in concurrent.futures.as_completed(running):
                 done.result()
-                _exercise_task(*running[done])
+                if load:
+                    _exercise_task(*running[done])
                 bar.set_postfix_str("%s %s" % running[done][:2])
                 bar.update()
         except BaseException:  # an error or an interrupt: the tasks not started are dropped
@@ -228,7 +229,7 @@ def _compile_in_workers(tasks: list, workers: int, bar) -> None:
 
 
 def warmup(ops=None, dtypes=None, *, progress: bool | None = None,
-           processes: int | None = None) -> list[tuple[str, str]]:
+           processes: int | None = None, load: bool = True) -> list[tuple[str, str]]:
     """Compile the kernels of ``ops`` x ``dtypes`` now, or load them from the disk cache.
 
     Worth it in an image or a CI job before timing anything, or at the top of a notebook:
@@ -250,6 +251,11 @@ def warmup(ops=None, dtypes=None, *, progress: bool | None = None,
         loads each task's kernels as its worker finishes it; by default one per CPU this
         process may run on, at most 8 (each takes about 350 MB). 1 compiles in this
         process alone, as does any count when there is no disk cache.
+    load : bool, default True
+        Whether this process loads the kernels that workers compiled. False leaves them in
+        the disk cache alone, for a process that exits next (``python -m numbapool
+        warmup`` does so); kernels compiled or loaded in this process (one task on an
+        empty cache, every task on a warm one or without workers) are loaded either way.
 
     Returns
     -------
@@ -277,7 +283,7 @@ def warmup(ops=None, dtypes=None, *, progress: bool | None = None,
         # windows come last): if no kernel compiled for it, the cache is warm, and workers
         # would only add their own start (a second or more each).
         if tasks and _compiled_here(tasks[-1], bar) and workers > 1:
-            _compile_in_workers(tasks[:-1], workers, bar)
+            _compile_in_workers(tasks[:-1], workers, bar, load)
         else:
             for task in tasks[:-1]:
                 _compiled_here(task, bar)

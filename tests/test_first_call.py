@@ -135,10 +135,23 @@ def test_a_second_process_compiles_nothing(tmp_path, monkeypatch):
 _WARMUP = _RECORDER + """
 import sys
 import numbapool
+from numbapool._kernels import global_
 numbapool.warmup(["GlobalAveragePool", "GlobalLpPool"], ["float32", "float64"],
-                 progress=False, processes=int(sys.argv[1]))
-print(json.dumps(compiled))
+                 progress=False, processes=int(sys.argv[1]), load=sys.argv[2] == "load")
+# GlobalAveragePool's float32 kernel, a worker's task where there are workers
+print(json.dumps([compiled, len(global_.block_sum_units.overloads)]))
 """
+
+
+def _warmup_here(cache_dir, processes: int, load: str):
+    """_WARMUP in a fresh process on ``cache_dir``: the kernels that process compiled and
+    saved, and how many GlobalAveragePool float32 kernels it holds (loaded or compiled)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir)}
+    result = subprocess.run([sys.executable, "-c", _WARMUP, str(processes), load], env=env,
+                            capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stderr
+    compiled, loaded = json.loads(result.stdout.splitlines()[-1])
+    return [name for name, writes in compiled if writes], loaded
 
 
 def test_warmup_workers_leave_a_complete_cache(tmp_path):
@@ -147,17 +160,21 @@ def test_warmup_workers_leave_a_complete_cache(tmp_path):
     # per dtype and kind of p, the parallel driver); the calling process loads each task's
     # kernels as its worker finishes it.
     # A later process compiles nothing and writes nothing.
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-
-    def warmup(processes):
-        result = subprocess.run([sys.executable, "-c", _WARMUP, str(processes)], env=env,
-                                capture_output=True, text=True, timeout=1800)
-        assert result.returncode == 0, result.stderr
-        return [name for name, writes in json.loads(result.stdout.splitlines()[-1]) if writes]
-
-    assert "global_sum_units" in warmup(2)
+    compiled, loaded = _warmup_here(tmp_path, 2, "load")
+    assert "global_sum_units" in compiled and loaded == 1
     filled = _cache_files(str(tmp_path))
-    assert warmup(1) == []
+    assert _warmup_here(tmp_path, 1, "load") == ([], 1)
+    assert _cache_files(str(tmp_path)) == filled
+
+
+def test_warmup_without_loading_leaves_a_complete_cache(tmp_path):
+    # load=False (as `python -m numbapool warmup`, a process that exits next): the calling
+    # process compiles its own task but loads none of the workers' kernels, and the cache
+    # is complete all the same: a later process compiles nothing and writes nothing
+    compiled, loaded = _warmup_here(tmp_path, 2, "skip")
+    assert "global_sum_units" in compiled and loaded == 0
+    filled = _cache_files(str(tmp_path))
+    assert _warmup_here(tmp_path, 1, "load") == ([], 1)
     assert _cache_files(str(tmp_path)) == filled
 
 
