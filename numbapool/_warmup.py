@@ -248,14 +248,16 @@ def warmup(ops=None, dtypes=None, *, progress: bool | None = None,
     processes : int, optional
         How many worker processes compile at once on an empty cache, sharing out the
         operators, dtypes and windows, into the disk cache, from which this process
-        loads each task's kernels as its worker finishes it; by default one per CPU this
-        process may run on, at most 8 (each takes about 350 MB). 1 compiles in this
-        process alone, as does any count when there is no disk cache.
+        loads each task's kernels as its worker finishes it (unless ``load`` is False);
+        by default one per CPU this process may run on, at most 8 (each takes about
+        350 MB). 1 compiles in this process alone, as does any count when there is no
+        disk cache.
     load : bool, default True
         Whether this process loads the kernels that workers compiled. False leaves them in
         the disk cache alone, for a process that exits next (``python -m numbapool
-        warmup`` does so); kernels compiled or loaded in this process (one task on an
-        empty cache, every task on a warm one or without workers) are loaded either way.
+        warmup`` does so). The tasks this process runs itself are in it either way: on an
+        empty cache the one that tells it from a warm one, on a warm cache or with no
+        workers every task.
 
     Returns
     -------
