@@ -17,6 +17,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 # numba announces every compilation that its disk cache did not spare ("numba:compile"):
 # the function's name, and whether it has a disk cache to write to. The start of each
@@ -154,25 +156,16 @@ def _warmup_here(cache_dir, processes: int, load: str):
     return [name for name, writes in compiled if writes], loaded
 
 
-def test_warmup_workers_leave_a_complete_cache(tmp_path):
+@pytest.mark.parametrize("load, loaded", [("load", 1), ("skip", 0)])
+def test_warmup_workers_leave_a_complete_cache(tmp_path, load, loaded):
     # The calling process runs one task (and compiles it: the cache is empty), two
     # workers the others at once, saving entries of the same kernels (the summing kernel
     # per dtype and kind of p, the parallel driver); the calling process loads each task's
-    # kernels as its worker finishes it.
-    # A later process compiles nothing and writes nothing.
-    compiled, loaded = _warmup_here(tmp_path, 2, "load")
-    assert "global_sum_units" in compiled and loaded == 1
-    filled = _cache_files(str(tmp_path))
-    assert _warmup_here(tmp_path, 1, "load") == ([], 1)
-    assert _cache_files(str(tmp_path)) == filled
-
-
-def test_warmup_without_loading_leaves_a_complete_cache(tmp_path):
-    # load=False (as `python -m numbapool warmup`, a process that exits next): the calling
-    # process compiles its own task but loads none of the workers' kernels, and the cache
-    # is complete all the same: a later process compiles nothing and writes nothing
-    compiled, loaded = _warmup_here(tmp_path, 2, "skip")
-    assert "global_sum_units" in compiled and loaded == 0
+    # kernels as its worker finishes it, or none of them with load=False (as `python -m
+    # numbapool warmup`, a process that exits next).
+    # A later process compiles nothing and writes nothing either way.
+    compiled, held = _warmup_here(tmp_path, 2, load)
+    assert "global_sum_units" in compiled and held == loaded
     filled = _cache_files(str(tmp_path))
     assert _warmup_here(tmp_path, 1, "load") == ([], 1)
     assert _cache_files(str(tmp_path)) == filled
