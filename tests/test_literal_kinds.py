@@ -2,12 +2,14 @@
 what a kind never runs is never typed nor compiled, and what it runs gives the same
 results (the differential tests check every kind's values against the reference)."""
 
+import collections
 import json
 import os
 import subprocess
 import sys
 
 from numba import njit, types
+from numba.core import ir
 from numba.core.compiler import Compiler
 
 from numbapool._kernels.literal_kinds import LiteralKindsCompiler
@@ -131,6 +133,44 @@ def test_an_inlined_function_is_made_into_ir_once(monkeypatch):
     assert two_sites(1.5) == 7.5
     assert two_sites(4) == 20  # a second compile, for int64
     assert made == ["scaled"]
+
+
+def _variable_copies(pipeline_class, monkeypatch) -> collections.Counter:
+    """How many times each variable's IR was deep-copied compiling a function that inlines
+    one helper (a loop and a branch: several blocks) at two call sites."""
+    copies = collections.Counter()
+    deepcopy = ir.Var.__deepcopy__
+
+    def counting(self, memo):
+        copies[self.name] += 1
+        return deepcopy(self, memo)
+
+    monkeypatch.setattr(ir.Var, "__deepcopy__", counting)
+
+    @njit(inline="always")
+    def clipped_sum(x, n):
+        total = x
+        for _ in range(n):
+            if total > 10:
+                total = total - 1
+            else:
+                total = total + x
+        return total
+
+    @njit(pipeline_class=pipeline_class)
+    def two_sites(x):
+        return clipped_sum(x, 2) + clipped_sum(x, 3)
+
+    assert two_sites(1.5) == 4.5 + 6.0
+    return copies
+
+
+def test_each_call_site_copies_an_inlined_function_once(monkeypatch):
+    # numba's inliner copies the IR it inlines twice, and each block's copy copies every
+    # variable of the function again; the pipeline copies each variable once per site
+    copies = _variable_copies(LiteralKindsCompiler, monkeypatch)
+    assert copies["total"] == 2 and max(copies.values()) == 2
+    assert _variable_copies(Compiler, monkeypatch)["total"] > 2  # numba alone
 
 
 _COMPILES_PER_OPERATOR = """

@@ -10,9 +10,13 @@ pruning runs, so that its pruning (before and after inlining) drops those branch
 
 numba's inlining of an ``inline="always"`` function runs its untyped passes (bytecode to
 IR, and the inlining of the helpers it calls in turn) at every call site, in every
-compile. That IR depends on the function and the compile's flags alone, and numba copies
-it before changing it (InlineWorker.inline_ir), so this pipeline keeps it, per function
-and flags, for the process's later call sites.
+compile. That IR depends on the function and the compile's flags alone, so this pipeline
+keeps it, per function and flags, for the process's later call sites, and hands each site
+a copy of its own. numba's inliner (InlineWorker.inline_ir) copies the IR it is given
+twice, block by block, one copy to change and one it discards, and each block's copy
+copies the function's whole scope and every variable in it again: a twentieth of a
+compile's time, and a third of the objects Python's collector then frees. The blocks of
+the copy handed over are taken as they are instead (_HandedOverBlock).
 
 Two of numba's passes have nothing to do in a kernel, which makes no closures, list
 comprehensions, array expressions or constant arrays: InlineClosureLikes (closures,
@@ -23,6 +27,7 @@ leaves both out (the machine code of every kernel a warmup of everything compile
 same without them), the parallel driver's keeps them.
 """
 
+import copy
 import functools
 
 from numba.core import ir, types
@@ -70,15 +75,44 @@ def _untyped_ir_once(worker, run_untyped_passes, function, enable_ssa=False):
     key = (function, worker.flags.copy())
     if key not in _UNTYPED_IR:
         _UNTYPED_IR[key] = run_untyped_passes(function, enable_ssa)
-    return _UNTYPED_IR[key]
+    return _handed_over_copy(_UNTYPED_IR[key])
+
+
+class _HandedOverBlock(ir.Block):
+    """A block of a copy of an inlined function's IR made for one call site alone: numba's
+    inliner takes it as its own copy instead of copying it again. An ir.Block again once
+    the inlining pass is done (InlineInlinablesOnce.run_pass)."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def _handed_over_copy(function_ir):
+    """A copy of ``function_ir`` for one call site, its blocks _HandedOverBlock: copied
+    with one memo, they share one copy of the scope, as the blocks copied share theirs."""
+    result = function_ir.copy()
+    memo = {}
+    result.blocks = {}
+    for label, block in function_ir.blocks.items():
+        block = copy.deepcopy(block, memo)
+        block.__class__ = _HandedOverBlock
+        result.blocks[label] = block
+    return result
 
 
 @register_pass(mutates_CFG=True, analysis_only=False)
 class InlineInlinablesOnce(InlineInlinables):
     """numba's InlineInlinables, each inlined function's untyped IR made once per process
-    (_untyped_ir_once)."""
+    (_untyped_ir_once) and copied once per call site (_handed_over_copy)."""
 
     _name = "inline_inlinables_once"
+
+    def run_pass(self, state):
+        changed = super().run_pass(state)
+        for block in state.func_ir.blocks.values():  # later passes copy blocks for real
+            if isinstance(block, _HandedOverBlock):
+                block.__class__ = ir.Block
+        return changed
 
     def _do_work(self, state, work_list, block, i, expr, inline_worker):
         if "run_untyped_passes" not in vars(inline_worker):
