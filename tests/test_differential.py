@@ -217,7 +217,7 @@ def first_maxima(x):
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_global_max_at_every_place(dtype):
     # GlobalMaxPool reads a channel 512 bits at a time, its last elements in one masked load
-    # (vectors.vector_key_max): the largest element, a NaN or a zero at each place of
+    # (global_vectors.vector_key_max): the largest element, a NaN or a zero at each place of
     # channels whose lengths lie around the vector widths of every dtype
     for length in (1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 49, 64, 65):
         negatives = -np.arange(1, length + 1, dtype=np.float64)
@@ -326,7 +326,7 @@ def test_medium_inputs(shape, attrs, dtype):
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])
 def test_max_pool_bytes_three_wide_at_step_two(width, dtype):
     """8-bit windows 3 wide at step 2 along the rows take 64 outputs a vector
-    (vectors.three_wide_step_two): rows of fewer outputs in masked loads, of 64 exactly, of
+    (max_vectors.three_wide_step_two): rows of fewer outputs in masked loads, of 64 exactly, of
     more with the last vector overlapping, and rows split into parts (one channel: units
     of part of a row), with and without pads, against the reference."""
     info = np.iinfo(dtype)
@@ -678,7 +678,7 @@ def test_max_pool_columns_kernel(data):
 def test_max_pool_windows_of_zeros(shape, attrs, entries, zeros, dtype):
     """Windows whose maximum is a zero, many of them, as after a ReLU: the kernels that scan
     a window column by column take a zero output again in row-major order only where a -0
-    or a NaN is found (vectors.rows_hold_negative_zero_or_nan) in its column maxima (the
+    or a NaN is found (max_vectors.rows_hold_negative_zero_or_nan) in its column maxima (the
     columns kernel; over folded planes, its input rows) or its plane (small planes). With
     zeros of one sign, of the other, or of both, on two threads: the reference's bits."""
     from numbapool import _dispatch
@@ -764,7 +764,7 @@ def test_max_pool_columns_kinds_over_three_axes(shape, attrs, fold_planes, dtype
     assert got.tobytes() == expected.tobytes()
 
 
-# Bit patterns at the edges of the scan's keys (vectors.rows_hold_negative_zero_or_nan):
+# Bit patterns at the edges of the scan's keys (max_vectors.rows_hold_negative_zero_or_nan):
 # zeros, infinities, the NaNs nearest them and the largest, the largest finite values
 _EDGE_BITS = {
     np.dtype(np.float16): (np.uint16, [0, 0x8000, 0x7C00, 0xFC00, 0x7C01, 0xFC01, 0x7FFF,
@@ -790,7 +790,7 @@ def test_rows_hold_negative_zero_or_nan(dtype):
     from numba import njit
 
     from numbapool._dispatch import storage_dtype
-    from numbapool._kernels.vectors import rows_hold_negative_zero_or_nan
+    from numbapool._kernels.max_vectors import rows_hold_negative_zero_or_nan
 
     @njit
     def scan(flat, row_starts, count):

@@ -1,7 +1,8 @@
 """numba kernels, one module per family (docs/architecture.md has the table of which serves
 which call): units (shared work units), maxima, sums, fixed, columns, planes (windowed pools),
-global_, unpool; codec (16-bit float elements), threads, prefetch, vectors (explicit vector
-loops), scratch (scratch arrays and flat views)."""
+global_, unpool; codec (16-bit float elements), threads, prefetch, vectors (the tools of
+explicit vector loops; global_vectors and max_vectors, the families' loops), scratch (scratch
+arrays and flat views)."""
 
 import contextlib
 import gc

@@ -23,7 +23,7 @@ from .scratch import empty, full, release
 from .units import first_unit_row, tap_is_inside, unit_row
 from .maxima import (any_tie, border_max, fold_max_function, is_tie, max_run, nan_max,
                      start_maxima)
-from .vectors import (row_fold_first, row_fold_more, rows_hold_negative_zero_or_nan,
+from .max_vectors import (row_fold_first, row_fold_more, rows_hold_negative_zero_or_nan,
                       three_wide_step_two)
 
 
@@ -44,7 +44,7 @@ def _fold_column_rows(columns, lo, hi, source, row_starts, rows, vector_fold, ke
     and first NaN (_row_max); else any of them (the vector fold keeps the first either way).
 
     With ``vector_fold`` (a constant: a literal kind, for 8- and 16-bit dtypes), a pass
-    is vectors.row_fold_first or row_fold_more: numba's loop left those dtypes to LLVM's
+    is max_vectors.row_fold_first or row_fold_more: numba's loop left those dtypes to LLVM's
     vector body of 256 uint8 (64 float16) elements a pass and its leftovers, element by
     element, which rows of 112 uint8 took entirely (MaxPool 3x3 s2: uint8 0.76-0.88, int8
     0.91-0.97, float16 0.83-0.92, bfloat16 0.89-0.97 of the time; 4x4 s2 float16
@@ -206,7 +206,7 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     or a NaN (which NaN comes first depends on the order): with ``check_ties`` (float
     dtypes) those outputs are taken again in row-major order where the unit's column maxima
     (or, over folded planes, its input rows) hold a -0 or a NaN
-    (vectors.rows_hold_negative_zero_or_nan), so every result is the one
+    (max_vectors.rows_hold_negative_zero_or_nan), so every result is the one
     docs/semantics.md states. Positions in the padding hold ``lowest``, which never wins
     against an input element of another value. ``vector_fold`` (8- and 16-bit dtypes)
     folds the rows in explicit vectors (_fold_column_rows). ``fold_planes``: the window

@@ -22,10 +22,10 @@ from . import kernel
 from .entry import EntryPoint
 from .maxima import fold_max
 from .sums import lp_root, lp_term
-from .vectors import LANES, add_to_lanes, block_sum, vector_float_max, vector_key_max
+from .global_vectors import LANES, add_to_lanes, block_sum, vector_float_max, vector_key_max
 
 # GlobalAveragePool's float32 sums: elements of a channel to a block (docs/semantics.md)
-BLOCK = 1024  # a multiple of vectors.LANES
+BLOCK = 1024  # a multiple of global_vectors.LANES
 # Channels whose means block_sum_units divides in one loop, which vectorizes: 7x7 channels
 # in 0.90 of the time that 16 at a time take
 BLOCK_GROUP = 64
@@ -64,8 +64,8 @@ def store_first_max(flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask, 
     return True, unless the channel holds a NaN or its largest is a zero (+0 and -0 tie),
     which the caller takes again in order. Equal floats other than zeros and NaNs have
     equal bits, so any largest is the first. float32 and float64 through
-    vectors.vector_float_max, 16-bit floats as the largest of their order keys
-    (vectors.vector_key_max)."""
+    global_vectors.vector_float_max, 16-bit floats as the largest of their order keys
+    (global_vectors.vector_key_max)."""
 
 
 @overload(store_first_max, inline="always")
@@ -239,7 +239,7 @@ def global_sum_units(begin, end, x, y, p, p_kind):
 
 @njit(inline="always")
 def channel_block_sums(flat, base, size):
-    """A channel's float32 block sums (vectors.block_sum), added in order in float64."""
+    """A channel's float32 block sums (global_vectors.block_sum), added in order in float64."""
     total = 0.0
     start = np.uint64(0)
     while start < size:
@@ -274,7 +274,7 @@ def block_sum_units(begin, end, x, y):
 
 @njit(inline="always")
 def _lane_tree(lanes):
-    """vectors._lane_tree over the lanes in memory, which it empties: lane 0 after lane
+    """global_vectors._lane_tree over the lanes in memory, which it empties: lane 0 after lane
     l + h is added to lane l for h = LANES / 2, ..., 1."""
     half = LANES // 2
     while half:

@@ -27,7 +27,7 @@ from .codec import decode
 from .maxima import fold_max, fold_max_function, is_tie
 from .scratch import empty, flat_view, full, release
 from .units import plane_axes
-from .vectors import rows_hold_negative_zero_or_nan
+from .max_vectors import rows_hold_negative_zero_or_nan
 
 # The largest padded planes served, where it measured faster than the columns kernel
 # (A/B, one thread): windows of at most 3x3 taps, undilated, over planes up to 32x32 (3x3

@@ -1,0 +1,251 @@
+"""The global pools' loops written as LLVM vector code (vectors.py).
+
+GlobalAveragePool's float32 block sums (block_sum, add_to_lanes): their order is the rule
+of docs/semantics.md, lane by lane, which numba's loop would not keep; four vectors of
+float32 lanes side by side, the elements past the last whole run of lanes in masked loads,
+which read nothing past the channel. float32 elements, and float16 and bfloat16 ones as
+codec.py stores them, decoded a vector at a time. GlobalMaxPool's largest of a channel
+(vector_float_max, and vector_key_max over the order keys of 16-bit floats) goes the same
+way."""
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from .vectors import (F32, I1, I32, I64, declare, left_lanes, masked_memory, splat,
+                      vector_loop, vectors_at)
+
+WIDTH = 16  # float32 lanes in a vector of the block sums
+_V32 = ir.VectorType(F32, WIDTH)
+_VI32 = ir.VectorType(I32, WIDTH)
+
+
+def _float32_vector(builder, loaded, storage):
+    """The float32 values of vector ``loaded`` of elements stored as ``storage`` (codec.py:
+    uint16 bits of float16, int16 bits of bfloat16)."""
+    if storage == types.uint16:
+        return builder.fpext(builder.bitcast(loaded, ir.VectorType(ir.HalfType(), WIDTH)), _V32)
+    if storage == types.int16:
+        wide = builder.shl(builder.zext(loaded, _VI32), ir.Constant(_VI32, [16] * WIDTH))
+        return builder.bitcast(wide, _V32)
+    return loaded
+
+
+# numba's element type -> (the LLVM vector of WIDTH elements, its intrinsics' suffix)
+_STORED = {types.float32: (_V32, f"v{WIDTH}f32"),
+           types.uint16: (ir.VectorType(ir.IntType(16), WIDTH), f"v{WIDTH}i16"),
+           types.int16: (ir.VectorType(ir.IntType(16), WIDTH), f"v{WIDTH}i16")}
+
+
+def _scratch(array_type, element):
+    return (isinstance(array_type, types.Array) and array_type.dtype == element
+            and array_type.mutable and array_type.ndim == 1 and array_type.layout == "C")
+
+
+def _vector_pointer(context, builder, array_type, array, at, vector):
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.bitcast(builder.gep(data, [at]), vector.as_pointer())
+
+
+# GlobalAveragePool's float32 block sums (docs/semantics.md): element j of a block goes to
+# lane j % LANES, each lane adding in order from +0; then lane l + h is added to lane l for
+# h = LANES / 2, ..., 1. LANES // WIDTH vectors side by side: their additions do not wait
+# on each other.
+LANES = 64
+
+
+def _add_to_lanes(builder, data, start, count, storage, lanes):
+    """The LANES // WIDTH float32 vectors ``lanes`` after data[start:start + count] is added
+    to them, element j to lane j % LANES; the elements past the last whole LANES in masked
+    loads whose lanes past the end load +0, which leaves a lane as it is (a lane is never
+    -0: it starts at +0, and a sum is -0 only where both terms are)."""
+    stored, suffix = _STORED[storage]
+    vector_at = vectors_at(builder, data, start, stored)
+
+    def add_vectors(i, values):
+        return [builder.fadd(value, _float32_vector(builder, builder.load(
+            vector_at(builder.add(i, ir.Constant(I64, k * WIDTH))), align=2), storage))
+            for k, value in enumerate(values)]
+
+    values, whole = vector_loop(builder, count, LANES, lanes, add_vectors)
+    masked_load, _ = masked_memory(builder, stored, suffix)
+    # each vector that holds one of the elements left: a branch of its own, taken the same
+    # way channel after channel, and the masks compared in 32 bits
+    left = builder.trunc(builder.sub(count, whole), I32)
+    below_left = splat(builder, left, WIDTH)
+    results = []
+    for k, value in enumerate(values):
+        before = builder.block
+        with builder.if_then(builder.icmp_unsigned(">", left, ir.Constant(I32, k * WIDTH))):
+            lane_numbers = ir.Constant(_VI32, list(range(k * WIDTH, (k + 1) * WIDTH)))
+            inside = builder.icmp_unsigned("<", lane_numbers, below_left)
+            loaded = builder.call(masked_load, [
+                vector_at(builder.add(whole, ir.Constant(I64, k * WIDTH))), ir.Constant(I32, 2),
+                inside, ir.Constant(stored, None)])
+            added = builder.fadd(value, _float32_vector(builder, loaded, storage))
+            tail = builder.block
+        phi = builder.phi(_V32)
+        phi.add_incoming(value, before)
+        phi.add_incoming(added, tail)
+        results.append(phi)
+    return results
+
+
+def _lane_tree(builder, vectors):
+    """Lane 0 after lane l + h is added to lane l, for h = LANES / 2, ..., 1."""
+    while len(vectors) > 1:  # h from LANES / 2 down to WIDTH: whole vectors
+        half = len(vectors) // 2
+        vectors = [builder.fadd(vectors[k], vectors[k + half]) for k in range(half)]
+    vector = vectors[0]
+    half = WIDTH // 2
+    while half:  # then within the vector
+        upper = ir.Constant(_VI32, [(lane + half) % WIDTH for lane in range(WIDTH)])
+        vector = builder.fadd(vector, builder.shuffle_vector(vector, vector, upper))
+        half //= 2
+    return builder.extract_element(vector, ir.Constant(I32, 0))
+
+
+def _block_arguments(flat, start, count):
+    return (isinstance(flat, types.Array) and flat.dtype in _STORED
+            and isinstance(start, types.Integer) and isinstance(count, types.Integer))
+
+
+@intrinsic
+def block_sum(typingctx, flat, start, count):
+    """``(flat, start, count) -> float32``: the float32 block sum (LANES) of
+    flat[start:start + count] (float32, or 16-bit floats stored as codec.py says)."""
+    if not _block_arguments(flat, start, count):
+        return None
+    signature = types.float32(flat, types.uint64, types.uint64)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        zeros = [ir.Constant(_V32, [0.0] * WIDTH)] * (LANES // WIDTH)
+        return _lane_tree(builder, _add_to_lanes(builder, data, args[1], args[2],
+                                                 signature.args[0].dtype, zeros))
+
+    return signature, codegen
+
+
+@intrinsic
+def add_to_lanes(typingctx, flat, start, count, lanes):
+    """``(flat, start, count, lanes)``: flat[start:start + count] added to the LANES float32
+    lanes[0:LANES], element j to lane j % LANES, as block_sum adds them: a block summed
+    across slabs of its channel (numbapool.dask)."""
+    if not (_block_arguments(flat, start, count) and _scratch(lanes, types.float32)):
+        return None
+    signature = types.none(flat, types.uint64, types.uint64, lanes)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        pointers = [_vector_pointer(context, builder, signature.args[3], args[3],
+                                    ir.Constant(I64, k * WIDTH), _V32)
+                    for k in range(LANES // WIDTH)]
+        added = _add_to_lanes(builder, data, args[1], args[2], signature.args[0].dtype,
+                              [builder.load(pointer, align=4) for pointer in pointers])
+        for value, pointer in zip(added, pointers):
+            builder.store(value, pointer, align=4)
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+@intrinsic
+def vector_key_max(typingctx, bits, start, count, magnitude_mask, sign_shift):
+    """``(bits, start, count, magnitude_mask, sign_shift) -> (largest key, largest
+    magnitude)`` over the signed integers bits[start:start + count] (a channel's float
+    bit patterns, count >= 1): the largest of their order keys (global_.order_key: bits
+    ^ ((bits >> sign_shift) & magnitude_mask)) and of their magnitudes (bits &
+    magnitude_mask), each a 512-bit vector at a time, the last elements in one masked
+    load whose lanes past the end take no part."""
+    if not (isinstance(bits, types.Array) and isinstance(bits.dtype, types.Integer)
+            and bits.dtype.signed and bits.dtype.bitwidth in (16, 32, 64)):
+        return None
+    element = bits.dtype
+    signature = types.UniTuple(element, 2)(bits, types.uint64, types.uint64, element, element)
+    lanes = 512 // element.bitwidth
+    scalar = ir.IntType(element.bitwidth)
+    vector = ir.VectorType(scalar, lanes)
+    suffix = f"v{lanes}i{element.bitwidth}"
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        start, count = args[1], args[2]
+        mask, shift = splat(builder, args[3], lanes), splat(builder, args[4], lanes)
+        smallest = ir.Constant(vector, [-(1 << (element.bitwidth - 1))] * lanes)
+        vector_at = vectors_at(builder, data, start, vector)
+
+        def keys_and_magnitudes(loaded):
+            key = builder.xor(loaded, builder.and_(builder.ashr(loaded, shift), mask))
+            return key, builder.and_(loaded, mask)
+
+        def fold(best, new):
+            return [builder.select(builder.icmp_signed(">", a, b), a, b)
+                    for a, b in zip(best, new)]
+
+        best, whole = vector_loop(
+            builder, count, lanes, [smallest, ir.Constant(vector, [0] * lanes)],
+            lambda i, best: fold(best, keys_and_magnitudes(builder.load(vector_at(i),
+                                                                        align=2))))
+        inside = left_lanes(builder, count, whole, 0, lanes)
+        masked_load, _ = masked_memory(builder, vector, suffix)
+        loaded = builder.call(masked_load, [vector_at(whole), ir.Constant(I32, 2), inside,
+                                            ir.Constant(vector, None)])
+        key, magnitude = keys_and_magnitudes(loaded)
+        key = builder.select(inside, key, smallest)  # lanes past the end: no part
+        magnitude = builder.select(inside, magnitude, ir.Constant(vector, [0] * lanes))
+        best = fold(best, (key, magnitude))
+        results = [builder.call(declare(builder, f"llvm.vector.reduce.smax.{suffix}", scalar,
+                                         [vector]), [value]) for value in best]
+        return context.make_tuple(builder, signature.return_type, results)
+
+    return signature, codegen
+
+
+@intrinsic
+def vector_float_max(typingctx, flat, start, count):
+    """``(flat, start, count) -> (largest, any NaN)`` over the float32 or float64 elements
+    flat[start:start + count] (count >= 1): the largest of those that are not NaN (-inf if
+    none), whose bits are those of the first of them unless it is a zero (+0 and -0
+    compare equal), and whether any is NaN: a compare and a maximum a 512-bit vector at a
+    time, where order keys (vector_key_max) take five integer operations; the last
+    elements in one masked load whose lanes past the end load -inf."""
+    if not (isinstance(flat, types.Array) and flat.dtype in (types.float32, types.float64)
+            and isinstance(start, types.Integer) and isinstance(count, types.Integer)):
+        return None
+    element = flat.dtype
+    signature = types.Tuple((element, types.boolean))(flat, types.uint64, types.uint64)
+    lanes = 512 // element.bitwidth
+    scalar = F32 if element == types.float32 else ir.DoubleType()
+    vector = ir.VectorType(scalar, lanes)
+    flags = ir.VectorType(I1, lanes)
+    suffix = f"v{lanes}f{element.bitwidth}"
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        start, count = args[1], args[2]
+        vector_at = vectors_at(builder, data, start, vector)
+        lowest = ir.Constant(vector, [float("-inf")] * lanes)
+
+        def fold(values, loaded):
+            best, nan = values
+            # a NaN compares false: the kept value stays
+            best = builder.select(builder.fcmp_ordered(">", loaded, best), loaded, best)
+            return best, builder.or_(nan, builder.fcmp_unordered("uno", loaded, loaded))
+
+        values, whole = vector_loop(
+            builder, count, lanes, [lowest, ir.Constant(flags, [0] * lanes)],
+            lambda i, values: fold(values, builder.load(vector_at(i), align=4)))
+        masked_load, _ = masked_memory(builder, vector, suffix)
+        loaded = builder.call(masked_load, [vector_at(whole), ir.Constant(I32, 4),
+                                            left_lanes(builder, count, whole, 0, lanes),
+                                            lowest])
+        best, nan = fold(values, loaded)
+        # no NaN among the lanes kept, and a NaN anywhere rescans: maxnum's reduction
+        largest = builder.call(declare(builder, f"llvm.vector.reduce.fmax.{suffix}", scalar,
+                                        [vector]), [best], fastmath=("nnan",))
+        any_nan = builder.call(declare(builder, f"llvm.vector.reduce.or.v{lanes}i1", I1,
+                                        [flags]), [nan])
+        return context.make_tuple(builder, signature.return_type, [largest, any_nan])
+
+    return signature, codegen

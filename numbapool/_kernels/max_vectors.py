@@ -1,0 +1,286 @@
+"""MaxPool's loops written as LLVM vector code (vectors.py): the fold of input rows of 8-
+and 16-bit elements (row_fold_first, row_fold_more), whose rows of a hundred elements or
+so numba's loop left mostly to its scalar leftovers, its windows 3 wide at step 2 over
+8-bit elements (three_wide_step_two), and whether rows of elements (a unit's column maxima
+or input rows, a plane) hold a -0 or a NaN (rows_hold_negative_zero_or_nan), before zero
+outputs are taken again in row-major order."""
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from .vectors import (F32, I32, I64, counted_loop, declare, left_lanes, masked_memory,
+                      vector_loop, vectors_at)
+
+
+def _last_vector(builder, count, whole, lanes, again, masked):
+    """The elements left after ``whole`` (fewer than ``lanes``, maybe none): the last whole
+    vector again, ending at ``count`` (``again(start)``, overlapping the one before: the
+    same values written twice), or, where ``count`` is under one vector's length,
+    ``masked()``, with masked loads and a masked store."""
+    left = builder.icmp_unsigned("<", whole, count)
+    long = builder.icmp_unsigned(">=", count, ir.Constant(I64, lanes))
+    with builder.if_then(left):
+        with builder.if_else(long) as (overlapping, short):
+            with overlapping:
+                again(builder.sub(count, ir.Constant(I64, lanes)))
+            with short:
+                masked()
+
+
+def _integer_compare(builder, compare, operator, a, b):
+    """``a operator b`` for 8-bit elements, ``compare`` "signed" or "unsigned" (_FOLDED)."""
+    if compare == "signed":
+        return builder.icmp_signed(operator, a, b)
+    return builder.icmp_unsigned(operator, a, b)
+
+
+# The bits of +inf per element type as the kernels store it (codec.py: uint16 holds
+# float16, int16 bfloat16); a magnitude's bits past them are a NaN's
+_INFINITY_BITS = {types.float32: 0x7F800000, types.float64: 0x7FF0000000000000,
+                  types.uint16: 0x7C00, types.int16: 0x7F80}
+
+
+@intrinsic
+def rows_hold_negative_zero_or_nan(typingctx, flat, row_starts, rows, count):
+    """``(flat, row_starts, rows, count) -> whether any of the rows
+    flat[row_starts[r]:row_starts[r] + count], r < rows, holds a -0 or a NaN``, over
+    float32 or float64 elements or 16-bit float storage (codec.py). Each element's bits as
+    an unsigned key, twice its magnitude less its sign bit: -0's is all ones, a NaN's
+    above twice infinity's, and no other's (+0's is 0, infinity's twice infinity's or one
+    less). The largest key of all the rows is kept 512 bits at a time, the last elements
+    of each row in one masked load whose lanes past the end load 0, and compared once.
+
+    numba's loop over the bits took 0.08 ns an element on rows of 112, most of it in its
+    scalar leftovers. A call per row cost as much for 16 elements as for 112, and compare
+    flags or-ed 512 bits at a time wait on each other: over a ReLU's outputs the resnet
+    stem took 1.32x as long with a call per row, 1.21x with the flags (1 thread)."""
+    if not (isinstance(flat, types.Array) and flat.ndim == 1 and flat.layout == "C"
+            and flat.dtype in _INFINITY_BITS and isinstance(row_starts, types.Array)
+            and row_starts.ndim == 1 and row_starts.dtype == types.int64):
+        return None
+    width = flat.dtype.bitwidth
+    lanes = 512 // width
+    element = ir.IntType(width)
+    vector = ir.VectorType(element, lanes)
+    suffix = f"v{lanes}i{width}"
+    infinity = _INFINITY_BITS[flat.dtype]
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        starts = context.make_array(signature.args[1])(context, builder, args[1]).data
+        rows, count = args[2], args[3]
+        one = ir.Constant(vector, [1] * lanes)
+        sign_shift = ir.Constant(vector, [width - 1] * lanes)
+        masked_load, _ = masked_memory(builder, vector, suffix)
+
+        def largest_key(largest, loaded):
+            key = builder.sub(builder.shl(loaded, one), builder.lshr(loaded, sign_shift))
+            return builder.select(builder.icmp_unsigned(">", key, largest), key, largest)
+
+        def row_largest(row, largest):
+            vector_at = vectors_at(builder, data, builder.load(builder.gep(starts, [row])),
+                                    vector)
+            (largest,), whole = vector_loop(
+                builder, count, lanes, largest,
+                lambda i, largest: [largest_key(largest[0],
+                                                builder.load(vector_at(i), align=2))])
+            loaded = builder.call(masked_load, [vector_at(whole), ir.Constant(I32, 2),
+                                                left_lanes(builder, count, whole, 0, lanes),
+                                                ir.Constant(vector, [0] * lanes)])
+            return [largest_key(largest, loaded)]
+
+        (largest,) = counted_loop(builder, rows, 1, [ir.Constant(vector, [0] * lanes)],
+                                   row_largest)
+        largest = builder.call(declare(builder, f"llvm.vector.reduce.umax.{suffix}", element,
+                                        [vector]), [largest])
+        return builder.icmp_unsigned(">", largest, ir.Constant(element, 2 * infinity))
+
+    return types.boolean(flat, row_starts, types.uint64, types.uint64), codegen
+
+
+# A MaxPool row fold's elements (8 and 16 bits: columns.py keeps numba's loop for
+# float32 and float64): numba's type -> (LLVM's element, lanes in a vector, the
+# intrinsics' suffix, how the fold compares them). 16-bit floats 16 to a vector, their
+# values one 512-bit vector of float32 (32 to a vector: MaxPool 3x3 s2 float16 1.1x slower)
+_I8, _I16 = ir.IntType(8), ir.IntType(16)
+_FOLDED = {types.uint16: (_I16, 16, "v16i16", "float16"),
+           types.int16: (_I16, 16, "v16i16", "bfloat16"),
+           types.int8: (_I8, 64, "v64i8", "signed"),
+           types.uint8: (_I8, 64, "v64i8", "unsigned")}
+
+
+def _row_fold(with_columns):
+    """An intrinsic ``(columns, base, source, at0, at1, at2, count)``: for k < count,
+    columns[base + k] = the first maximum (maxima.fold_max: ties keep the first, the first
+    NaN wins) of, in order, columns[base + k] itself when ``with_columns``, then
+    source[at0 + k], source[at1 + k] and source[at2 + k], as raw elements (16-bit floats
+    compared decoded, codec.py). ``columns`` and ``source`` are distinct arrays.
+
+    A vector at a time (_FOLDED), four to a pass while four remain; the last elements as
+    the last whole vector again, ending at ``count`` (overlapping the one before: a
+    maximum taken twice changes nothing), or, under one vector's length, in masked loads
+    and a masked store (masked ones for every row's last elements made the resnet stem
+    1.15x slower)."""
+
+    @intrinsic
+    def row_fold(typingctx, columns, base, source, at0, at1, at2, count):
+        if not (isinstance(columns, types.Array) and isinstance(source, types.Array)
+                and columns.dtype == source.dtype and columns.dtype in _FOLDED
+                and all(isinstance(t, types.Integer) for t in (base, at0, at1, at2, count))):
+            return None
+        signature = types.none(columns, types.uint64, source, types.uint64, types.uint64,
+                               types.uint64, types.uint64)
+        element, lanes, suffix, compare = _FOLDED[columns.dtype]
+        vector = ir.VectorType(element, lanes)
+        floats = ir.VectorType(F32, lanes)
+
+        def codegen(context, builder, sig, args):
+            columns_data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            source_data = context.make_array(sig.args[2])(context, builder, args[2]).data
+            base, at0, at1, at2, count = args[1], args[3], args[4], args[5], args[6]
+            pointer = vector.as_pointer()
+
+            def at(data, start, i):
+                return builder.bitcast(builder.gep(data, [builder.add(start, i)]), pointer)
+
+            def value(loaded):
+                if compare == "float16":
+                    return builder.fpext(builder.bitcast(loaded, ir.VectorType(ir.HalfType(),
+                                                                               lanes)), floats)
+                if compare == "bfloat16":
+                    wide = builder.zext(loaded, ir.VectorType(I32, lanes))
+                    return builder.bitcast(builder.shl(wide, ir.Constant(wide.type,
+                                                                         [16] * lanes)), floats)
+                return loaded
+
+            def fold(kept, new):  # maxima.keeps: kept >= new, or kept a NaN
+                # (raw elements, their values): the kept value is not decoded again
+                (kept_raw, a), (new_raw, b) = kept, new
+                if compare in ("signed", "unsigned"):
+                    keep = _integer_compare(builder, compare, ">=", a, b)
+                else:
+                    keep = builder.or_(builder.fcmp_ordered(">=", a, b),
+                                       builder.fcmp_unordered("uno", a, a))
+                return builder.select(keep, kept_raw, new_raw), builder.select(keep, a, b)
+
+            def folded(load, i):
+                rows = [load(at(source_data, start, i)) for start in (at0, at1, at2)]
+                if with_columns:
+                    rows.insert(0, load(at(columns_data, base, i)))
+                result = (rows[0], value(rows[0]))
+                for row in rows[1:]:
+                    result = fold(result, (row, value(row)))
+                return result[0]
+
+            def vectors(i, offset, n):
+                for k in range(n):
+                    j = builder.add(builder.add(i, offset), ir.Constant(I64, k * lanes))
+                    result = folded(lambda p: builder.load(p, align=1), j)
+                    builder.store(result, at(columns_data, base, j), align=1)
+                return []
+
+            # four vectors to a pass, then one, then the rest
+            zero = ir.Constant(I64, 0)
+            _, fours = vector_loop(builder, count, 4 * lanes, [],
+                                    lambda i, values: vectors(i, zero, 4))
+            _, ones = vector_loop(builder, builder.sub(count, fours), lanes, [],
+                                   lambda i, values: vectors(i, fours, 1))
+            whole = builder.add(fours, ones)
+
+            def masked():
+                masked_load, masked_store = masked_memory(builder, vector, suffix)
+                inside = left_lanes(builder, count, whole, 0, lanes)
+                alignment = ir.Constant(I32, 1)
+                result = folded(lambda p: builder.call(
+                    masked_load, [p, alignment, inside, ir.Constant(vector, None)]), whole)
+                builder.call(masked_store, [result, at(columns_data, base, whole), alignment,
+                                            inside])
+
+            _last_vector(builder, count, whole, lanes, lambda start: vectors(start, zero, 1),
+                         masked)
+            return context.get_dummy_value()
+
+        return signature, codegen
+
+    return row_fold
+
+
+row_fold_first = _row_fold(False)
+row_fold_more = _row_fold(True)
+
+
+@intrinsic
+def three_wide_step_two(typingctx, columns, target, base, count):
+    """target[base + j] = the maximum of columns[2j], columns[2j + 1] and columns[2j + 2]
+    for j < count, 8-bit integers (MaxPool's windows 3 wide at step 2 along the rows);
+    ``columns`` holds 2 * count + 1 elements at least.
+
+    64 outputs a vector: the even and odd elements of 128 columns and the odd ones of the
+    128 from the next, each shuffled out of two vectors. The last outputs are the last whole
+    vector again, ending at ``count`` (overlapping the one before: the same values written
+    twice), or, under one vector's length, in masked loads and a masked store. numba's
+    loop took 16 outputs a pass and left the rest (7 of the 55 a row of 112 bytes makes)
+    to scalar leftovers (MaxPool 3x3 s2 uint8 0.77 of the time, rows of 56 bytes 0.67)."""
+    if not (isinstance(columns, types.Array) and isinstance(target, types.Array)
+            and columns.dtype == target.dtype and columns.dtype in _FOLDED
+            and _FOLDED[columns.dtype][0] == _I8
+            and isinstance(base, types.Integer) and isinstance(count, types.Integer)):
+        return None
+    signature = types.none(columns, target, types.uint64, types.uint64)
+    element, lanes, suffix, compare = _FOLDED[columns.dtype]
+    vector = ir.VectorType(element, lanes)
+    evens = ir.Constant(ir.VectorType(I32, lanes), list(range(0, 2 * lanes, 2)))
+    odds = ir.Constant(ir.VectorType(I32, lanes), list(range(1, 2 * lanes, 2)))
+
+    def codegen(context, builder, sig, args):
+        columns_data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        target_data = context.make_array(sig.args[1])(context, builder, args[1]).data
+        base, count = args[2], args[3]
+        pointer = vector.as_pointer()
+
+        def at(data, start):
+            return builder.bitcast(builder.gep(data, [start]), pointer)
+
+        def maximum(a, b):
+            return builder.select(_integer_compare(builder, compare, ">", a, b), a, b)
+
+        def windows(load, j):
+            start = builder.shl(j, ir.Constant(I64, 1))  # column of output j's first tap
+            first, second = load(start, 0), load(start, lanes)
+            shifted, shifted_second = load(start, 1), load(start, lanes + 1)
+            pair = maximum(builder.shuffle_vector(first, second, evens),
+                           builder.shuffle_vector(first, second, odds))
+            return maximum(pair, builder.shuffle_vector(shifted, shifted_second, odds))
+
+        def whole_vector(start, offset):
+            return builder.load(at(columns_data, builder.add(start, ir.Constant(I64, offset))),
+                                align=1)
+
+        def store(j):
+            builder.store(windows(whole_vector, j), at(target_data, builder.add(base, j)),
+                          align=1)
+            return []
+
+        _, whole = vector_loop(builder, count, lanes, [], lambda j, values: store(j))
+
+        def masked():  # count < lanes: every column read lies below 2 * count + 1
+            masked_load, masked_store = masked_memory(builder, vector, suffix)
+            alignment = ir.Constant(I32, 1)
+            columns_count = builder.add(builder.shl(count, ir.Constant(I64, 1)),
+                                        ir.Constant(I64, 1))
+            zero = ir.Constant(I64, 0)
+
+            def masked_vector(start, offset):
+                inside = left_lanes(builder, columns_count, zero, offset, lanes)
+                return builder.call(masked_load, [
+                    at(columns_data, builder.add(start, ir.Constant(I64, offset))),
+                    alignment, inside, ir.Constant(vector, None)])
+
+            builder.call(masked_store, [windows(masked_vector, zero), at(target_data, base),
+                                        alignment, left_lanes(builder, count, zero, 0, lanes)])
+
+        _last_vector(builder, count, whole, lanes, store, masked)
+        return context.get_dummy_value()
+
+    return signature, codegen
