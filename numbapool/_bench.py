@@ -364,6 +364,64 @@ def scaling(threads: int, rounds: int) -> str:
     return "\n".join(lines)
 
 
+def start_busy(cores: list) -> list:
+    """One process per core in ``cores`` that spins on it (pinned where the platform
+    allows), as another program would: stop them with stop_busy."""
+    import subprocess
+    import sys
+
+    script = ("import os, sys\n"
+              "if hasattr(os, 'sched_setaffinity'):\n"
+              "    os.sched_setaffinity(0, {int(sys.argv[1])})\n"
+              "while True:\n"
+              "    pass\n")
+    return [subprocess.Popen([sys.executable, "-c", script, str(core)]) for core in cores]
+
+
+def stop_busy(processes: list) -> None:
+    for process in processes:
+        process.kill()
+    for process in processes:
+        process.wait()
+
+
+def under_load(threads: int, busy_cores: list, rounds: int, cases=CASES) -> str:
+    """Each case's numbapool call at ``threads`` threads and at 1 thread, interleaved round
+    by round, on a quiet machine and with a busy process spinning on each core of
+    ``busy_cores``: times per call (medians) and the ratio N threads / 1 thread (the median
+    of the per-round ratios)."""
+    import numbapool
+    from . import _threads
+
+    lines = ["", "", f"| case | quiet {threads} threads ms | quiet 1 thread ms "
+             f"| quiet {threads} / 1 | busy {threads} threads ms | busy 1 thread ms "
+             f"| busy {threads} / 1 |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for case in cases:
+        x = make_input(case.shape, case.dtype, case.data)
+        call = runner(case, x)
+        ready(call)
+        cells = []
+        for busy in (False, True):
+            processes = start_busy(busy_cores) if busy else []
+            try:
+                times = {1: [], threads: []}
+                for r in range(rounds):
+                    for count in ((1, threads) if r % 2 else (threads, 1)):
+                        with numbapool.threads(count):
+                            times[count].append(_timed_block(call))
+            finally:
+                stop_busy(processes)
+            ratio = statistics.median(a / b for a, b in zip(times[threads], times[1]))
+            cells += [f"{1e3 * statistics.median(times[threads]):.3f}",
+                      f"{1e3 * statistics.median(times[1]):.3f}", f"{ratio:.2f}"]
+        lines.append(f"| {case.name} | " + " | ".join(cells) + " |")
+        print(f"  {case.name}: done", flush=True)
+    lines[0] = (f"threads: {threads}; threading layer: {_threads.threading_layer()}; busy: "
+                f"one spinning process on each of cores {', '.join(map(str, busy_cores))}")
+    return "\n".join(lines)
+
+
 # First calls timed in fresh processes: each operator (and each kind of MaxPool kernel) on
 # an input large enough for the parallel kernels, as a user's first call usually is.
 FIRST_CALL_INPUT = "np.random.default_rng(0).standard_normal((2, 16, 96, 96)).astype(np.float32)"
@@ -460,6 +518,9 @@ def main(argv=None) -> int:
     parser.add_argument("--first-call", action="store_true",
                         help="instead: each operator's first call in fresh processes, on an "
                              "empty and a warm cache, and warmup of float32")
+    parser.add_argument("--busy", nargs="+", type=int, metavar="CORE",
+                        help="instead: each case at N threads and at 1 thread, quiet and "
+                             "with a process spinning on each CORE named (0-based)")
     parser.add_argument("--dask", action="store_true",
                         help="instead: numbapool.dask on a local cluster, an input several "
                              "times the workers' memory, and the overhead on one that fits")
@@ -482,6 +543,18 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"unknown case {unknown[0]!r}; known: {', '.join(CASES_BY_NAME)}")
         cases = [CASES_BY_NAME[name] for name in args.cases]
+    if args.busy:
+        import os
+
+        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(
+            os.cpu_count() or 1)
+        outside = [core for core in args.busy if core not in cores]
+        if outside:
+            parser.error(f"--busy: core {outside[0]} is not one this process may use "
+                         f"({', '.join(map(str, sorted(cores)))})")
+        numba.set_num_threads(args.threads)
+        print(under_load(args.threads, args.busy, rounds, cases))
+        return 0
     numba.set_num_threads(args.threads)
     copy = stream_copy()
     rows = []

@@ -96,3 +96,39 @@ def test_first_call_report():
     cold, cold_mb, warm, warm_mb = (float(v) for v in row[2:])
     assert min(imports) > 0 and cold > 0 and warm > 0
     assert cold_mb > 0 and warm_mb == cold_mb  # the warm process wrote nothing more
+
+
+def test_bench_under_load_prints_both_thread_counts_and_stops_its_busy_processes():
+    """``bench --busy 0``: each case at N threads and 1 thread, quiet and beside a process
+    spinning on core 0, which is gone once the command ends."""
+    import os
+
+    before = set(os.listdir("/proc")) if os.path.isdir("/proc") else None
+    result = subprocess.run(
+        [sys.executable, "-m", "numbapool", "bench", "--quick", "--busy", "0",
+         "--cases", "tiny", "global max"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    first = next(line for line in lines if line.startswith("threads: "))
+    n = int(first.split(";")[0].split()[1])
+    assert "threading layer: " in first and first.endswith("cores 0")
+    header = next(i for i, line in enumerate(lines) if line.startswith("| case"))
+    columns = [cell.strip() for cell in lines[header].split("|")[1:-1]]
+    assert columns == ["case", f"quiet {n} threads ms", "quiet 1 thread ms", f"quiet {n} / 1",
+                       f"busy {n} threads ms", "busy 1 thread ms", f"busy {n} / 1"]
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines[header + 2:]]
+    assert [row[0] for row in rows] == ["tiny", "global max"]
+    assert all(float(cell) > 0 for row in rows for cell in row[1:])
+    if before is not None:  # no spinning child left behind
+        for pid in set(os.listdir("/proc")) - before:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    assert b"while True" not in f.read()
+            except OSError:  # gone meanwhile
+                pass
+
+
+def test_bench_under_load_rejects_a_core_it_may_not_use():
+    result = subprocess.run([sys.executable, "-m", "numbapool", "bench", "--busy", "4096"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "core 4096" in result.stderr
