@@ -5,9 +5,20 @@ program-wide count (``set_num_threads``) and a per-block one (``threads``, a con
 variable, so each thread and each asyncio task has its own), and passes the one in force
 to each parallel kernel, which applies it and restores numba's setting before it returns.
 
+numba chooses its threading layer at its first parallel region, TBB first where it can
+load it. TBB's scheduler keeps a call from waiting on a thread that lost its core: the
+calling thread takes every run of units no running thread has started, where OpenMP hands
+each thread its share up front and waits for the last. The ``tbb`` wheel, a dependency on
+the platforms it is built for, puts its library in the environment's ``lib/``, where the
+loader does not look; ``make_tbb_loadable`` loads it from there at import, so that numba's
+own choice can take it (docs/performance.md, Under load).
+
 Two threading layers cannot run every parallel region they are given:
 - GNU OpenMP ("omp" from PyPI) kills a child forked from a process that already ran a
-  parallel region; such a child runs the serial kernels instead;
+  parallel region; such a child runs the serial kernels instead. numba's TBB layer shuts
+  its workers down before a fork and starts them again after, but only in a fork from the
+  main thread (from another, numba warns that TBB may be broken in the child): a child
+  forked from another thread runs the serial kernels too;
 - "workqueue" aborts when two threads enter parallel regions at once; a call that finds
   another call inside one runs its serial kernel.
 """
@@ -16,8 +27,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import operator
 import os
+import site
+import sys
 import threading
 
 import numba
@@ -26,9 +40,40 @@ from numba.np.ufunc import parallel as _numba_parallel
 _program_threads: int | None = None
 _block_threads: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "numbapool_threads", default=None)
-_forked_from_omp = False
+_serial_after_fork = False
 _workqueue_busy = threading.Lock()
 _takes_lock: bool | None = None  # see _find_whether_lock_is_taken
+
+# The TBB library numba's tbb layer links to, by platform, as the tbb wheel installs it
+# under the environment's (or the user base's) prefix
+_TBB_LIBRARY = {"linux": ("lib", "libtbb.so.12"), "darwin": ("lib", "libtbb.12.dylib"),
+                "win32": ("Library/bin", "tbb12.dll")}
+# The requested layers (NUMBA_THREADING_LAYER) that TBB may serve
+_TBB_MAY_SERVE = ("default", "tbb", "safe", "threadsafe")
+
+
+def make_tbb_loadable() -> str | None:
+    """Load the TBB library the ``tbb`` wheel installed, so that numba's threading layer,
+    chosen at its first parallel region, can be TBB; the library's path, or None where
+    there is none to load or numba's layer is chosen already or another is requested."""
+    if getattr(_numba_parallel, "_is_initialized", False):
+        return None
+    if str(numba.config.THREADING_LAYER).lower() not in _TBB_MAY_SERVE:
+        return None
+    where = _TBB_LIBRARY.get(sys.platform)
+    if where is None:
+        return None
+    for prefix in (sys.prefix, site.getuserbase()):
+        path = os.path.join(prefix, *where)
+        if os.path.exists(path):
+            try:
+                if sys.platform == "win32":
+                    os.add_dll_directory(os.path.dirname(path))
+                ctypes.CDLL(path, mode=getattr(ctypes, "RTLD_GLOBAL", 0))
+            except OSError:  # numba then chooses among the layers it can load
+                return None
+            return path
+    return None
 
 
 def _check_count(n) -> int:
@@ -72,7 +117,7 @@ def threads(n: int):
 
 def get_num_threads() -> int:
     """The number of threads a numbapool call made here would use."""
-    if _forked_from_omp:
+    if _serial_after_fork:
         return 1
     chosen = _block_threads.get()
     if chosen is None:
@@ -101,7 +146,7 @@ def enter_parallel(wanted: int) -> bool | None:
     must run serially instead, else whether it took the workqueue lock, which
     ``leave_parallel`` then gives back. The parallel kernel itself sets numba's thread count
     to ``wanted`` and restores the caller's (_kernels.threads)."""
-    if _forked_from_omp or wanted == 1:
+    if _serial_after_fork or wanted == 1:
         return None
     guarded = _takes_lock if _takes_lock is not None else _find_whether_lock_is_taken()
     if guarded and not _workqueue_busy.acquire(blocking=False):
@@ -124,12 +169,23 @@ def _find_whether_lock_is_taken() -> bool:
     return _takes_lock
 
 
-def _after_fork_in_child() -> None:
-    global _forked_from_omp, _workqueue_busy
-    _workqueue_busy = threading.Lock()
-    if threading_layer() == "omp":
-        _forked_from_omp = True
+_forking_from_main_thread = True
 
+
+def _before_fork() -> None:
+    global _forking_from_main_thread
+    _forking_from_main_thread = threading.current_thread() is threading.main_thread()
+
+
+def _after_fork_in_child() -> None:
+    global _serial_after_fork, _workqueue_busy
+    _workqueue_busy = threading.Lock()
+    layer = threading_layer()
+    if layer == "omp" or (layer == "tbb" and not _forking_from_main_thread):
+        _serial_after_fork = True
+
+
+make_tbb_loadable()
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)

@@ -126,8 +126,7 @@ def _child_results(queue):
     queue.put({name: [np.asarray(a) for a in value] for name, value in results().items()})
 
 
-def test_forked_child_after_parallel_use_gets_right_answers():
-    expected = results()  # the parent has run parallel regions
+def _multiprocessing_child_results() -> dict:
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     child = context.Process(target=_child_results, args=(queue,))
@@ -135,7 +134,47 @@ def test_forked_child_after_parallel_use_gets_right_answers():
     got = queue.get(timeout=600)
     child.join(60)
     assert child.exitcode == 0
-    assert_same({k: tuple(v) for k, v in got.items()}, expected)
+    return {k: tuple(v) for k, v in got.items()}
+
+
+def _forked_child_results() -> dict:
+    """results() in a child forked from the calling thread (os.fork: multiprocessing's
+    child, forked from a thread other than the main one, exits with 1 after its target
+    returns, whatever numbapool does)."""
+    import pickle
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its results down the pipe, then out without cleanup
+        status = 1
+        try:
+            os.close(read_end)
+            got = {name: [np.asarray(a) for a in value] for name, value in results().items()}
+            with os.fdopen(write_end, "wb") as pipe:
+                pickle.dump(got, pipe)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return {k: tuple(v) for k, v in pickle.loads(data).items()}
+
+
+@pytest.mark.parametrize("forking_thread", ["main", "another"])
+def test_forked_child_after_parallel_use_gets_right_answers(forking_thread):
+    """A child forked after its parent ran parallel regions, from the main thread or
+    another (where numba's TBB layer cannot shut its workers down first), gets the right
+    answers, in parallel regions or serially."""
+    expected = results()  # the parent has run parallel regions
+    if forking_thread == "main":  # as multiprocessing's default start method on Linux
+        got = _multiprocessing_child_results()
+    else:
+        with concurrent.futures.ThreadPoolExecutor(1) as executor:
+            got = executor.submit(_forked_child_results).result(timeout=900)
+    assert_same(got, expected)
 
 
 _SCRIPT = """
@@ -246,3 +285,44 @@ def test_a_file_system_without_locks_still_saves(tmp_path, monkeypatch):
     index = _cache._LockedIndex(str(tmp_path), "kernel-1.py311", ("a source stamp",))
     index.save(("a key",), ("its data",))
     assert index.load(("a key",)) == ("its data",)
+
+
+_LAYER_SCRIPT = """
+import numpy as np, numbapool
+x = np.random.default_rng(5).standard_normal((2, 8, 48, 48)).astype(np.float32)
+y = numbapool.max_pool(x, [3, 3], strides=[2, 2])
+print(numbapool._threads.threading_layer(), float(y.astype(np.float64).sum()))
+"""
+
+
+def _tbb_installed() -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution("tbb")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("requested, expected", [
+    (None, "tbb"),  # numba's default choice, TBB first, takes the tbb wheel's library
+    ("omp", "omp"),  # a layer asked for by name is left as asked
+])
+def test_tbb_layer_where_the_tbb_wheel_is_installed(requested, expected):
+    """Where the ``tbb`` wheel is installed (a dependency on the platforms it is built
+    for), numba's default threading layer is TBB, whose scheduler keeps a call from
+    waiting on a thread that lost its core; a layer named in NUMBA_THREADING_LAYER wins."""
+    if not _tbb_installed():
+        pytest.skip("no tbb wheel for this platform (pyproject.toml's markers)")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY")}
+    if requested:
+        env["NUMBA_THREADING_LAYER"] = requested
+    result = subprocess.run([sys.executable, "-c", _LAYER_SCRIPT], capture_output=True,
+                            text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr
+    layer, total = result.stdout.split()
+    assert layer == expected
+    y = numbapool.max_pool(X, [3, 3], strides=[2, 2])
+    assert total == str(float(y.astype(np.float64).sum()))
