@@ -33,9 +33,12 @@ _MAX_ROW_SLOTS = 64
 # 56x56 channels, each global pool)
 _SERIAL_GLOBAL = 1 << 16
 # Runs of channels a global pool's parallel loop deals out per thread: each run is a call
-# of the kernel, about 50 ns (the static schedule balances equal runs already); against
-# 32 per thread, 2 took 0.93 of the time over 4x256x56x56, 0.69 over 1x256x16x16
-_GLOBAL_RUNS_PER_THREAD = 2
+# of the kernel, about 50 ns; under numba's TBB layer the running threads take the runs one
+# by one, so that a thread without a core holds up a call by the runs it took (against 2
+# per thread, the three global cases took 0.90 to 1.07 of the time on a quiet machine, 0.94
+# to 1.10 beside a busy core; against 32, 2 took 0.93 of the time over 4x256x56x56, 0.69
+# over 1x256x16x16)
+_GLOBAL_RUNS_PER_THREAD = 8
 
 
 # GlobalMaxPool compares floats through their bit patterns as signed integers.

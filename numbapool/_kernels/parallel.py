@@ -12,6 +12,12 @@ cache in any later process (its code holds no address), and the kernel's loops c
 once. A trampoline is LLVM's work alone, some milliseconds; a driver is numba's parfor
 lowering, half a second.
 
+The driver hands numba's scheduler its runs one by one (numba's parallel chunk size 1):
+under numba's TBB layer the runs are tasks that the running threads take, the calling
+thread included, so a thread that lost its core to another process holds up a call only by
+the runs it had taken, where numba's default, one equal share per thread, gives each
+thread its whole share up front (docs/performance.md, Under load).
+
 A driver that is neither compiled in this process nor in the disk cache compiles on a
 thread of its own (``ready_driver``), while the call that needed it runs its units on the
 calling thread, a piece at a time, until the driver is ready, which then runs the units
@@ -35,7 +41,7 @@ from numba.core.compiler_lock import global_compiler_lock
 from numba.extending import intrinsic
 
 from . import kernel
-from .threads import use_threads
+from .threads import use_chunk_size, use_threads
 from .units import chunk_units
 
 # The arrays of a call whose data a trampoline takes from the driver (the call's inputs
@@ -87,10 +93,12 @@ def run_in_parallel(address, first_unit, units, chunks, threads, block, call_arr
     ``address`` (BlockCall), with the arguments in ``block`` and the data of
     ``call_arrays``, in ``chunks`` runs on ``threads`` threads."""
     before = use_threads(threads)
+    chunk_size_before = use_chunk_size(1)
     for chunk in prange(chunks):
         unit_begin, unit_end = chunk_units(chunk, chunks, units - first_unit)
         _call_units(address, first_unit + unit_begin, first_unit + unit_end, block,
                     call_arrays)
+    use_chunk_size(chunk_size_before)
     use_threads(before)
 
 

@@ -1,4 +1,5 @@
-"""numba's thread count for the calling thread, read and set inside a parallel kernel.
+"""numba's thread count and parallel chunk size for the calling thread, read and set inside
+a parallel kernel.
 
 A parallel kernel sets the count numbapool chose for the call on entry and gives numba's
 back on exit, so no Python runs around the call for it (numba.get_num_threads and
@@ -51,3 +52,30 @@ def use_threads(count):
     if before != count:
         _set_layer_threads(count)
     return before
+
+
+@intrinsic
+def _set_layer_chunk_size(typingctx, size):
+    if not isinstance(size, types.Integer):
+        return None
+    _launch_threads()
+
+    def codegen(context, builder, signature, args):
+        # declared as numba's prange loops declare them, in the same module
+        get = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(cgutils.intp_t, []), "get_parallel_chunksize")
+        set_ = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [cgutils.intp_t]),
+            "set_parallel_chunksize")
+        before = builder.call(get, [])
+        builder.call(set_, [context.cast(builder, args[0], signature.args[0], types.intp)])
+        return before
+
+    return types.intp(size), codegen
+
+
+@njit(inline="always")
+def use_chunk_size(size):
+    """Make the prange loops that follow deal their iterations out ``size`` at a time (0:
+    numba's default, one equal share per thread); returns the size before."""
+    return _set_layer_chunk_size(size)
