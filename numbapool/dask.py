@@ -19,6 +19,12 @@ channel's running sums from piece to piece, in order (float64 totals, and the fl
 lanes of the block a piece ends in where the sum takes float32 blocks): the same additions
 as the in-memory call, which a tree of partial sums could not promise. docs/dask.md gives the
 memory a task holds.
+
+Threads: dask already runs the chunks' tasks in parallel, one per worker thread, so by
+default each task runs numbapool on one thread (``threads=1``): a task on all the cores
+would compete with the worker's other tasks and with the other workers. ``threads=N``
+gives each task N threads; ``threads=None`` leaves the worker process's own setting
+(``numbapool.set_num_threads``, else numba's, ``NUMBA_NUM_THREADS``).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import numpy as np
 
 import numbapool
 
-from . import _dispatch, _plan
+from . import _dispatch, _plan, _threads
 
 __all__ = ["average_pool", "global_average_pool", "global_lp_pool", "global_max_pool",
            "lp_pool", "max_pool"]
@@ -76,6 +82,19 @@ def _region_attributes(plan: _plan.WindowPlan, axis: int, first: int, end: int) 
     return lo, hi, lo - start, stop - hi
 
 
+def _on_threads(threads: int | None, function, *args):
+    """``function(*args)``, its numbapool calls on ``threads`` threads (None: the process's
+    setting): what each task runs."""
+    if threads is None:
+        return function(*args)
+    with numbapool.threads(threads):
+        return function(*args)
+
+
+def _checked_threads(threads: int | None) -> int | None:
+    return None if threads is None else _threads._check_count(threads)
+
+
 def _pool_region(region, plan, pads, first_outputs, return_indices, index_origin):
     region = np.asarray(region)
     result = _dispatch.run_window(_plan.region_plan(plan, region.shape, pads, first_outputs),
@@ -110,15 +129,16 @@ def _empty_window_value(plan: _plan.WindowPlan):
 
 
 def _windowed(op: str, x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
-              return_indices=False, **extra):
+              threads, return_indices=False, **extra):
     x = _as_dask(x)
+    threads = _checked_threads(threads)
     plan = _plan.window_plan(op, x.shape, x.dtype, kernel_shape, strides, pads, auto_pad,
                              ceil_mode, dilations, **extra)
     rank = len(plan.kernel_shape)
     ranges = [_output_ranges(plan, axis, x.chunks[2 + axis]) for axis in range(rank)]
     n_bounds = [0, *itertools.accumulate(x.chunks[0])]
     c_bounds = [0, *itertools.accumulate(x.chunks[1])]
-    task = dask.delayed(_pool_region, pure=True, nout=2 if return_indices else None)
+    task = dask.delayed(_on_threads, pure=True, nout=2 if return_indices else None)
     values = np.empty((len(x.chunks[0]), len(x.chunks[1]), *map(len, ranges)), dtype=object)
     indices = np.empty_like(values)
     for block in np.ndindex(values.shape):
@@ -135,8 +155,9 @@ def _windowed(op: str, x, kernel_shape, strides, pads, auto_pad, ceil_mode, dila
                     *(slice(lo, hi) for lo, hi, *_ in regions))]
         region = region.rechunk(region.shape).to_delayed().reshape(-1)[0]
         pads_ = tuple(r[2] for r in regions) + tuple(r[3] for r in regions)
-        result = task(region, plan, pads_, tuple(first for first, _ in out_ranges),
-                      return_indices, (n0, c0, [r[0] for r in regions], x.shape))
+        result = task(threads, _pool_region, region, plan, pads_,
+                      tuple(first for first, _ in out_ranges), return_indices,
+                      (n0, c0, [r[0] for r in regions], x.shape))
         if return_indices:
             values[block] = da.from_delayed(result[0], shape, dtype=plan.dtype)
             indices[block] = da.from_delayed(result[1], shape, dtype=np.int64)
@@ -146,25 +167,37 @@ def _windowed(op: str, x, kernel_shape, strides, pads, auto_pad, ceil_mode, dila
     return (y, da.block(indices.tolist())) if return_indices else y
 
 
+_THREADS_DOC = """
+
+    ``threads``: numbapool's threads in each task, 1 by default (dask runs the tasks in
+    parallel already); None leaves the worker process's setting."""
+
+
 def max_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
-             dilations=None, storage_order=0, return_indices=False):
-    """numbapool.max_pool on a dask array: lazy, chunk by chunk, the same result."""
+             dilations=None, storage_order=0, return_indices=False, threads: int | None = 1):
     return _windowed("MaxPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
-                     return_indices=bool(return_indices), storage_order=storage_order)
+                     threads, return_indices=bool(return_indices),
+                     storage_order=storage_order)
 
 
 def average_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
-                 dilations=None, count_include_pad=0):
-    """numbapool.average_pool on a dask array: lazy, chunk by chunk, the same result."""
+                 dilations=None, count_include_pad=0, threads: int | None = 1):
     return _windowed("AveragePool", x, kernel_shape, strides, pads, auto_pad, ceil_mode,
-                     dilations, count_include_pad=count_include_pad)
+                     dilations, threads, count_include_pad=count_include_pad)
 
 
 def lp_pool(x, kernel_shape, *, p=2, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
-            dilations=None):
-    """numbapool.lp_pool on a dask array: lazy, chunk by chunk, the same result."""
+            dilations=None, threads: int | None = 1):
     return _windowed("LpPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
-                     p=p)
+                     threads, p=p)
+
+
+max_pool.__doc__ = ("numbapool.max_pool on a dask array: lazy, chunk by chunk, the same "
+                    "result." + _THREADS_DOC)
+average_pool.__doc__ = ("numbapool.average_pool on a dask array: lazy, chunk by chunk, the "
+                        "same result." + _THREADS_DOC)
+lp_pool.__doc__ = ("numbapool.lp_pool on a dask array: lazy, chunk by chunk, the same result."
+                   + _THREADS_DOC)
 
 
 # --------------------------------------------------------------------------- global pools
@@ -199,9 +232,9 @@ def _in_order(parts: list, combine, fan_in: int = 8):
     return parts[0]
 
 
-def _first_maximum(*maxima):
+def _first_maximum(threads, *maxima):
     """The first maximum of consecutive pieces' first maxima, earlier pieces first."""
-    return numbapool.global_max_pool(np.concatenate(maxima, axis=2))
+    return _on_threads(threads, numbapool.global_max_pool, np.concatenate(maxima, axis=2))
 
 
 def _by_channel_block(op: str, x, reduce) -> da.Array:
@@ -219,40 +252,48 @@ def _by_channel_block(op: str, x, reduce) -> da.Array:
     return da.block(blocks.reshape(blocks.shape + (1,) * (x.ndim - 2)).tolist())
 
 
-def global_max_pool(x):
-    """numbapool.global_max_pool on a dask array: each piece's first maximum, then a tree
-    of first maxima over consecutive pieces, earlier pieces first."""
-    maximum = dask.delayed(numbapool.global_max_pool, pure=True)
+def global_max_pool(x, *, threads: int | None = 1):
+    threads = _checked_threads(threads)
+    task = dask.delayed(_on_threads, pure=True)
     combine = dask.delayed(_first_maximum, pure=True)
-    return _by_channel_block("GlobalMaxPool", x,
-                             lambda pieces, n, c: _in_order([maximum(p) for p in pieces],
-                                                            combine))
+    return _by_channel_block(
+        "GlobalMaxPool", x,
+        lambda pieces, n, c: _in_order(
+            [task(threads, numbapool.global_max_pool, p) for p in pieces],
+            lambda *maxima: combine(threads, *maxima)))
 
 
-def _global_sums(op: str, x, p: float = 2.0) -> da.Array:
+def _global_sums(op: str, x, threads: int | None, p: float = 2.0) -> da.Array:
     """Each channel's running sums carried from piece to piece, in order
     (_dispatch.RunningSums), then the mean or the root: the same additions as the in-memory
     call."""
     x = _as_dask(x)
-    carry = dask.delayed(_dispatch.continue_global_sums, pure=True)
+    threads = _checked_threads(threads)
+    carry = dask.delayed(_on_threads, pure=True)
     finish = dask.delayed(_dispatch.finish_global_sums, pure=True)
 
     def reduce(pieces, n, c):
         sums = _dispatch.start_global_sums(op, n * c, x.dtype)
         for piece in pieces:
-            sums = carry(op, piece, x.dtype, sums, p)
+            sums = carry(threads, _dispatch.continue_global_sums, op, piece, x.dtype, sums, p)
         return finish(op, sums, x.dtype, (n, c) + (1,) * (x.ndim - 2), p)
 
     return _by_channel_block(op, x, reduce)
 
 
-def global_average_pool(x):
-    """numbapool.global_average_pool on a dask array: the running sums carried from slab
-    to slab, the same result."""
-    return _global_sums("GlobalAveragePool", x)
+def global_average_pool(x, *, threads: int | None = 1):
+    return _global_sums("GlobalAveragePool", x, threads)
 
 
-def global_lp_pool(x, *, p=2):
-    """numbapool.global_lp_pool on a dask array: the in-order float64 sum carried from
-    slab to slab, the same result."""
-    return _global_sums("GlobalLpPool", x, _plan.check_p(p))
+def global_lp_pool(x, *, p=2, threads: int | None = 1):
+    return _global_sums("GlobalLpPool", x, threads, _plan.check_p(p))
+
+
+global_max_pool.__doc__ = ("numbapool.global_max_pool on a dask array: each piece's first "
+                           "maximum, then a tree of first maxima over consecutive pieces, "
+                           "earlier pieces first." + _THREADS_DOC)
+global_average_pool.__doc__ = ("numbapool.global_average_pool on a dask array: the running "
+                               "sums carried from slab to slab, the same result."
+                               + _THREADS_DOC)
+global_lp_pool.__doc__ = ("numbapool.global_lp_pool on a dask array: the in-order float64 "
+                          "sum carried from slab to slab, the same result." + _THREADS_DOC)

@@ -220,3 +220,59 @@ def test_leading_single_tap_axes_merged_in_regions(count_include_pad):
     expected = numbapool.average_pool(x, **attributes)
     lazy = nd.average_pool(da.from_array(x, chunks=(1, 2, 3, 4, 5)), **attributes)
     assert_bitwise_equal(np.asarray(lazy.compute(scheduler="synchronous")), expected)
+
+
+def _record_task_threads():
+    """Make each numbapool call in this process note the thread count it runs with."""
+    from numbapool import _dispatch
+
+    if hasattr(_dispatch, "_task_threads"):
+        _dispatch._task_threads.clear()
+        return
+    _dispatch._task_threads = []
+    for name in ("run_window", "run_global"):
+        original = getattr(_dispatch, name)
+
+        def recording(*args, original=original, **kwargs):
+            _dispatch._task_threads.append(numbapool.get_num_threads())
+            return original(*args, **kwargs)
+
+        setattr(_dispatch, name, recording)
+
+
+def _task_threads():
+    from numbapool import _dispatch
+
+    return list(_dispatch._task_threads)
+
+
+@pytest.mark.parametrize("threads", [1, 2, None])
+def test_tasks_run_on_one_thread_unless_told(client, threads):
+    """Each task's numbapool call runs on 1 thread by default (the worker's thread), on
+    ``threads`` when given, and on the worker process's own setting with None."""
+    workers_default = client.run(numbapool.get_num_threads)
+    if threads == 2 and min(workers_default.values()) < 2:
+        pytest.skip("needs NUMBA_NUM_THREADS >= 2 in the workers")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 12, 12)).astype(np.float32)
+    dx = da.from_array(x, chunks=(1, 3, 6, 6))
+    client.run(lambda: _record_task_threads())
+    keywords = {} if threads == 1 else {"threads": threads}
+    y = nd.max_pool(dx, [3, 3], strides=[2, 2], **keywords).compute()
+    g = nd.global_max_pool(dx, **keywords).compute()
+    assert_bitwise_equal(y, numbapool.max_pool(x, [3, 3], strides=[2, 2]))
+    assert_bitwise_equal(g, numbapool.global_max_pool(x))
+    seen = client.run(lambda: _task_threads())
+    counts = [count for worker_counts in seen.values() for count in worker_counts]
+    assert len(counts) >= 8  # 8 regions, and global maxima's pieces
+    for address, worker_counts in seen.items():
+        expected = workers_default[address] if threads is None else threads
+        assert set(worker_counts) <= {expected}
+
+
+def test_task_threads_checked_at_call_time():
+    x = da.ones((1, 1, 8, 8), chunks=4, dtype=np.float32)
+    with pytest.raises(ValueError, match="thread count"):
+        nd.max_pool(x, [2, 2], threads=0)
+    with pytest.raises(TypeError, match="thread count"):
+        nd.global_average_pool(x, threads=1.5)
