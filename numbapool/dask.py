@@ -167,14 +167,12 @@ def _windowed(op: str, x, kernel_shape, strides, pads, auto_pad, ceil_mode, dila
     return (y, da.block(indices.tolist())) if return_indices else y
 
 
-_THREADS_DOC = """
+def max_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
+             dilations=None, storage_order=0, return_indices=False, threads: int | None = 1):
+    """numbapool.max_pool on a dask array: lazy, chunk by chunk, the same result.
 
     ``threads``: numbapool's threads in each task, 1 by default (dask runs the tasks in
     parallel already); None leaves the worker process's setting."""
-
-
-def max_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
-             dilations=None, storage_order=0, return_indices=False, threads: int | None = 1):
     return _windowed("MaxPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
                      threads, return_indices=bool(return_indices),
                      storage_order=storage_order)
@@ -182,22 +180,22 @@ def max_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET", cei
 
 def average_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
                  dilations=None, count_include_pad=0, threads: int | None = 1):
+    """numbapool.average_pool on a dask array: lazy, chunk by chunk, the same result.
+
+    ``threads``: numbapool's threads in each task, 1 by default (dask runs the tasks in
+    parallel already); None leaves the worker process's setting."""
     return _windowed("AveragePool", x, kernel_shape, strides, pads, auto_pad, ceil_mode,
                      dilations, threads, count_include_pad=count_include_pad)
 
 
 def lp_pool(x, kernel_shape, *, p=2, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
             dilations=None, threads: int | None = 1):
+    """numbapool.lp_pool on a dask array: lazy, chunk by chunk, the same result.
+
+    ``threads``: numbapool's threads in each task, 1 by default (dask runs the tasks in
+    parallel already); None leaves the worker process's setting."""
     return _windowed("LpPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
                      threads, p=p)
-
-
-max_pool.__doc__ = ("numbapool.max_pool on a dask array: lazy, chunk by chunk, the same "
-                    "result." + _THREADS_DOC)
-average_pool.__doc__ = ("numbapool.average_pool on a dask array: lazy, chunk by chunk, the "
-                        "same result." + _THREADS_DOC)
-lp_pool.__doc__ = ("numbapool.lp_pool on a dask array: lazy, chunk by chunk, the same result."
-                   + _THREADS_DOC)
 
 
 # --------------------------------------------------------------------------- global pools
@@ -253,6 +251,11 @@ def _by_channel_block(op: str, x, reduce) -> da.Array:
 
 
 def global_max_pool(x, *, threads: int | None = 1):
+    """numbapool.global_max_pool on a dask array: each piece's first maximum,
+    then a tree of first maxima over consecutive pieces, earlier pieces first.
+
+    ``threads``: numbapool's threads in each task, 1 by default (dask runs the tasks in
+    parallel already); None leaves the worker process's setting."""
     threads = _checked_threads(threads)
     task = dask.delayed(_on_threads, pure=True)
     combine = dask.delayed(_first_maximum, pure=True)
@@ -282,18 +285,18 @@ def _global_sums(op: str, x, threads: int | None, p: float = 2.0) -> da.Array:
 
 
 def global_average_pool(x, *, threads: int | None = 1):
+    """numbapool.global_average_pool on a dask array: the running sums carried
+    from slab to slab, the same result.
+
+    ``threads``: numbapool's threads in each task, 1 by default (dask runs the tasks in
+    parallel already); None leaves the worker process's setting."""
     return _global_sums("GlobalAveragePool", x, threads)
 
 
 def global_lp_pool(x, *, p=2, threads: int | None = 1):
+    """numbapool.global_lp_pool on a dask array: the in-order float64 sum
+    carried from slab to slab, the same result.
+
+    ``threads``: numbapool's threads in each task, 1 by default (dask runs the tasks in
+    parallel already); None leaves the worker process's setting."""
     return _global_sums("GlobalLpPool", x, threads, _plan.check_p(p))
-
-
-global_max_pool.__doc__ = ("numbapool.global_max_pool on a dask array: each piece's first "
-                           "maximum, then a tree of first maxima over consecutive pieces, "
-                           "earlier pieces first." + _THREADS_DOC)
-global_average_pool.__doc__ = ("numbapool.global_average_pool on a dask array: the running "
-                               "sums carried from slab to slab, the same result."
-                               + _THREADS_DOC)
-global_lp_pool.__doc__ = ("numbapool.global_lp_pool on a dask array: the in-order float64 "
-                          "sum carried from slab to slab, the same result." + _THREADS_DOC)
