@@ -336,6 +336,19 @@ def arithmetic_calls() -> list:
                                   _products_and_sums))]
 
 
+def _timed_at_one_and_n(call, threads: int, rounds: int) -> dict:
+    """{1: [...], threads: [...]}: seconds per call of ``call`` at 1 and at ``threads``
+    numba threads, a block of each per round, the first alternating; numba's count is left
+    at ``threads``."""
+    times = {1: [], threads: []}
+    for r in range(rounds):
+        for count in ((1, threads) if r % 2 else (threads, 1)):
+            numba.set_num_threads(count)
+            times[count].append(_timed_block(call))
+    numba.set_num_threads(threads)
+    return times
+
+
 def scaling(threads: int, rounds: int) -> str:
     """numbapool alone at 1 and at ``threads`` threads, interleaved: time per call, speedup
     (median of per-round ratios) and time per million input elements; then the same for
@@ -351,12 +364,7 @@ def scaling(threads: int, rounds: int) -> str:
         calls.append((case.name, x.size, call))
     for name, size, call in calls + arithmetic_calls():
         call()
-        times = {1: [], threads: []}
-        for r in range(rounds):
-            for count in ((1, threads) if r % 2 else (threads, 1)):
-                numba.set_num_threads(count)
-                times[count].append(_timed_block(call))
-        numba.set_num_threads(threads)
+        times = _timed_at_one_and_n(call, threads, rounds)
         speedup = statistics.median(a / b for a, b in zip(times[1], times[threads]))
         one, many = (1e3 * statistics.median(times[c]) for c in (1, threads))
         lines.append(f"| {name} | {size} | {one:.3f} | {many:.3f} | {speedup:.2f} "
@@ -390,7 +398,6 @@ def under_load(threads: int, busy_cores: list, rounds: int, cases=CASES) -> str:
     by round, on a quiet machine and with a busy process spinning on each core of
     ``busy_cores``: times per call (medians) and the ratio N threads / 1 thread (the median
     of the per-round ratios)."""
-    import numbapool
     from . import _threads
 
     lines = ["", "", f"| case | quiet {threads} threads ms | quiet 1 thread ms "
@@ -405,11 +412,7 @@ def under_load(threads: int, busy_cores: list, rounds: int, cases=CASES) -> str:
         for busy in (False, True):
             processes = start_busy(busy_cores) if busy else []
             try:
-                times = {1: [], threads: []}
-                for r in range(rounds):
-                    for count in ((1, threads) if r % 2 else (threads, 1)):
-                        with numbapool.threads(count):
-                            times[count].append(_timed_block(call))
+                times = _timed_at_one_and_n(call, threads, rounds)
             finally:
                 stop_busy(processes)
             ratio = statistics.median(a / b for a, b in zip(times[threads], times[1]))
