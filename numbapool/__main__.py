@@ -22,11 +22,7 @@ def info() -> dict:
     import numbapool
     from . import _cache, _threads
 
-    try:  # start numba's threads, so that the layer in force is known
-        from numba.np.ufunc.parallel import _launch_threads
-        _launch_threads()
-    except Exception:  # another numba: the layer shows after the first parallel call
-        pass
+    numba.get_num_threads()  # starts numba's threads, so that the layer in force is known
     features = binding.get_host_cpu_features()
     return {
         "numbapool": numbapool.__version__,

@@ -35,7 +35,6 @@ import sys
 import threading
 
 import numba
-from numba.np.ufunc import parallel as _numba_parallel
 
 _program_threads: int | None = None
 _block_threads: contextvars.ContextVar[int | None] = contextvars.ContextVar(
@@ -56,7 +55,7 @@ def make_tbb_loadable() -> str | None:
     """Load the TBB library the ``tbb`` wheel installed, so that numba's threading layer,
     chosen at its first parallel region, can be TBB; the library's path, or None where
     there is none to load or numba's layer is chosen already or another is requested."""
-    if getattr(_numba_parallel, "_is_initialized", False):
+    if threading_layer() is not None:
         return None
     if str(numba.config.THREADING_LAYER).lower() not in _TBB_MAY_SERVE:
         return None
@@ -122,15 +121,7 @@ def get_num_threads() -> int:
     chosen = _block_threads.get()
     if chosen is None:
         chosen = _program_threads
-    return _numba_threads() if chosen is None else chosen
-
-
-def _numba_threads() -> int:
-    """``numba.get_num_threads()``, which takes a process-wide lock on every call; once
-    numba's threads run, this asks their layer directly: microseconds less per call."""
-    if getattr(_numba_parallel, "_is_initialized", False):
-        return _numba_parallel._get_num_threads()
-    return numba.get_num_threads()
+    return numba.get_num_threads() if chosen is None else chosen
 
 
 def threading_layer() -> str | None:

@@ -208,7 +208,7 @@ def _worker_start() -> None:
 
 def _compile_in_workers(tasks: list, workers: int, bar, load: bool) -> None:
     """_exercise_task each task in one of ``workers`` processes, which compile into the
-    disk cache (their saves take turns: _cache.locked_cache); if ``load``, this process
+    disk cache (their saves take turns: _numba.locked_cache); if ``load``, this process
     loads each task's kernels as soon as its worker is done, while the workers go on
     (loaded after them, a warmup of everything's kernels took its last 4 s on one core)."""
     # spawned, not forked: a fork of a process that ran numba's threads may hang

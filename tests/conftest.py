@@ -8,7 +8,7 @@ import tempfile
 # NUMBA_CACHE_DIR when it is imported, which no test module has done yet. pytest-xdist's
 # worker processes (pyproject.toml) inherit it from the controlling process, as do the
 # subprocesses that the tests start: what one worker compiles, the other loads, and saves
-# to it take turns (_cache.locked_cache).
+# to it take turns (_numba.locked_cache).
 if "PYTEST_XDIST_WORKER" not in os.environ:
     os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="numbapool-test-cache-")
     atexit.register(shutil.rmtree, os.environ["NUMBA_CACHE_DIR"], ignore_errors=True)

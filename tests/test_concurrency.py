@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import numbapool
-from numbapool import _cache
+from numbapool import _cache, _numba
 from numbapool._kernels.threads import use_threads
 from reference import pool
 
@@ -246,9 +246,9 @@ def test_four_processes_on_one_empty_cache_then_on_it_warm(tmp_path):
 # process loads every entry.
 _SAVE_SCRIPT = """
 import sys, time
-from numbapool import _cache
+from numbapool import _numba
 from numbapool._kernels import maxima
-index = _cache.locked_cache(maxima.max_pool_units_with_indices.py_func)._cache_file
+index = _numba.locked_cache(maxima.max_pool_units_with_indices.py_func)._cache_file
 process, start, count = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 while time.time() < start:
     pass
@@ -287,7 +287,7 @@ def test_a_file_system_without_locks_still_saves(tmp_path, monkeypatch):
         raise OSError(errno.ENOLCK, "No locks available")
 
     monkeypatch.setattr(_cache.fcntl, "flock", refuse)
-    index = _cache._LockedIndex(str(tmp_path), "kernel-1.py311", ("a source stamp",))
+    index = _numba._LockedIndex(str(tmp_path), "kernel-1.py311", ("a source stamp",))
     index.save(("a key",), ("its data",))
     assert index.load(("a key",)) == ("its data",)
 

@@ -112,7 +112,7 @@ def test_a_second_process_compiles_nothing(tmp_path, monkeypatch):
     assert not _cache_files(), "the first processes must meet an empty cache"
     # Two first processes at once, one per kernel family (one per core here); the parallel
     # driver is all they share, and both may compile it and save it, in turns
-    # (_cache.locked_cache)
+    # (_numba.locked_cache)
     records = [_finish(process) for process in [_start("maxima"), _start("sums")]]
     maxima, sums = ({name for name, writes in record["compiled"] if writes}
                     for record in records)

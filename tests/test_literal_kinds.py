@@ -1,4 +1,4 @@
-"""Kernels compile only the branches their literal kinds take (_kernels/literal_kinds.py):
+"""Kernels compile only the branches their literal kinds take (_numba.LiteralKindsCompiler):
 what a kind never runs is never typed nor compiled, and what it runs gives the same
 results (the differential tests check every kind's values against the reference)."""
 
@@ -12,7 +12,7 @@ from numba import njit, types
 from numba.core import ir
 from numba.core.compiler import Compiler
 
-from numbapool._kernels.literal_kinds import LiteralKindsCompiler
+from numbapool._numba import LiteralKindsCompiler
 
 
 def _by_kind(pipeline_class):

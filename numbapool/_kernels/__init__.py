@@ -10,8 +10,8 @@ import threading
 
 from numba import njit
 
-from .._cache import CACHE_DIRECTORY, locked_cache
-from .literal_kinds import LiteralKindsCompiler
+from .. import _numba
+from .._cache import CACHE_DIRECTORY
 
 _compiles_running = 0
 _collector_was_enabled = False
@@ -46,11 +46,9 @@ def collector_paused():
 # numba.njit's options for a helper compiled once per argument types for LLVM to inline
 # into the kernels that call it (also the jit_options of such an overload): compiled as
 # those kernels are, free of the GIL and of reference counting, and without the wrappers
-# that would let Python call it (only kernels do), each a compile of its own: with them, a
-# first LpPool p=3, whose kernel calls seven such helpers, took 2.9 s against 2.5 s (fresh
-# processes in turn, medians of four).
-INLINED = {"forceinline": True, "nogil": True, "_nrt": False, "no_cpython_wrapper": True,
-           "no_cfunc_wrapper": True}
+# that would let Python call it (only kernels do), each a compile of its own
+# (_numba.INLINED_OPTIONS).
+INLINED = {"forceinline": True, "nogil": True, **_numba.INLINED_OPTIONS}
 
 
 def inlined(**options):
@@ -60,18 +58,18 @@ def inlined(**options):
 
 def kernel(**options):
     """``numba.njit(**options)`` for a kernel: free of the GIL while it runs, compiling only
-    the branches its literal kinds take (literal_kinds.py), and cached on disk where numba
-    can, with saves that take turns across processes (_cache.locked_cache).
+    the branches its literal kinds take (_numba.LiteralKindsCompiler), and cached on disk
+    where numba can, with saves that take turns across processes (_numba.njit_cached).
 
     Compiled without numba's reference counting: a kernel frees its own scratch arrays
     (scratch.py); and without numba's C wrapper, a compile of its own: Python calls a
     kernel through its Python wrapper, the parallel driver and other kernels at its own
-    address."""
-    options = {"_nrt": False, "no_cfunc_wrapper": True, **options}
+    address (_numba.KERNEL_OPTIONS)."""
+    options = {"nogil": True, "pipeline_class": _numba.LiteralKindsCompiler,
+               **_numba.KERNEL_OPTIONS, **options}
 
     def decorate(function):
-        dispatcher = njit(nogil=True, pipeline_class=LiteralKindsCompiler, **options)(function)
-        if CACHE_DIRECTORY is not None:
-            dispatcher._cache = locked_cache(function)
-        return dispatcher
+        if CACHE_DIRECTORY is None:
+            return njit(**options)(function)
+        return _numba.njit_cached(function, **options)
     return decorate

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from numba import types
 
+from .. import _numba
 from . import collector_paused
 
 
@@ -42,13 +43,13 @@ class EntryPoint(NamedTuple):
         The inputs are compiled as read-only arrays whatever their flags (a flag is part of
         an array's numba type, not of its layout), so that one compilation serves writable
         and read-only inputs."""
-        given = [self.kernel.typeof_pyval(a) for a in arguments[:len(arguments) - len(self.kinds)]]
+        _numba.check_runtime()
+        given = [_numba.argument_type(self.kernel, a)
+                 for a in arguments[:len(arguments) - len(self.kinds)]]
         given[:self.inputs] = [array.copy(readonly=True) for array in given[:self.inputs]]
         signature = ((types.int64, types.int64) + tuple(given)
                      + tuple(types.literal(kind) for kind in self.kinds))
         with collector_paused():
             self.kernel.compile(signature)
-        result = self.kernel.overloads[signature]
-        return Compiled(result.entry_point,
-                        result.library.get_pointer_to_function(result.fndesc.llvm_func_name),
-                        signature[2:], result.target_context)
+        function, address, context = _numba.compiled_overload(self.kernel, signature)
+        return Compiled(function, address, signature[2:], context)

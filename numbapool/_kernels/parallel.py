@@ -37,9 +37,9 @@ import numpy as np
 from llvmlite import ir
 from numba import prange, types
 from numba.core import cgutils
-from numba.core.compiler_lock import global_compiler_lock
 from numba.extending import intrinsic
 
+from .. import _numba
 from . import kernel
 from .threads import use_chunk_size, use_threads
 from .units import chunk_units
@@ -76,12 +76,7 @@ def _call_units(typingctx, address, unit_begin, unit_end, block, call_arrays):
         values += [builder.bitcast(context.make_array(array_type)(context, builder, value).data,
                                    cgutils.voidptr_t)
                    for array_type, value in zip(pointer_types, pointers)]
-        function_type = context.call_conv.get_function_type(types.none, _TRAMPOLINE_ARGUMENTS)
-        callee = builder.inttoptr(address_value, function_type.as_pointer())
-        status, _ = context.call_conv.call_function(builder, callee, types.none,
-                                                    _TRAMPOLINE_ARGUMENTS, values)
-        with cgutils.if_unlikely(builder, status.is_error):
-            context.call_conv.return_status_propagate(builder, status)
+        _numba.call_at_address(context, builder, address_value, _TRAMPOLINE_ARGUMENTS, values)
         return context.get_dummy_value()
 
     return types.none(address, unit_begin, unit_end, block, call_arrays), codegen
@@ -120,27 +115,32 @@ SLOT = 8
 _SLOT_FORMATS = {types.int8: "b", types.uint8: "B", types.int16: "h", types.uint16: "H",
                  types.int32: "i", types.uint32: "I", types.int64: "q", types.uint64: "Q",
                  types.float32: "f", types.float64: "d", types.boolean: "?"}
-# an array's fields: meminfo and parent (neither read by the kernels, which count no
-# references), size, itemsize, data, then its shape and strides
-_ARRAY_DATA_FIELD = 4
+# an array's fields by name (numba's data model orders them: _numba.array_fields): meminfo
+# and parent are null (the kernels count no references), then each field's values
+_ARRAY_FIELD_VALUES = {"meminfo": lambda array: [0], "parent": lambda array: [0],
+                       "nitems": lambda array: [array.size],
+                       "itemsize": lambda array: [array.itemsize],
+                       "data": lambda array: [array.ctypes.data],
+                       "shape": lambda array: list(array.shape),
+                       "strides": lambda array: list(array.strides)}
 
 
 def _slot(code: str) -> str:
     return code + "x" * (SLOT - struct.calcsize("@" + code))
 
 
-def _flattened(numba_type, value) -> list:
-    """(slot format, value) of each slot of an argument of ``numba_type``."""
+def _flattened(context, numba_type, value) -> list:
+    """(slot format, value, field name) of each slot of an argument of ``numba_type``
+    (the field name of an array's slots, else None)."""
     if isinstance(numba_type, types.Array):
-        fields = (0, 0, value.size, value.itemsize, value.ctypes.data, *value.shape,
-                  *value.strides)
-        codes = "PPqqP" + "q" * (2 * value.ndim)
-        return [(_slot(code), field) for code, field in zip(codes, fields)]
+        fields = _numba.array_fields(context, numba_type)
+        values = {name: iter(_ARRAY_FIELD_VALUES[name](value)) for name, _ in fields}
+        return [(_slot(code), next(values[name]), name) for name, code in fields]
     if isinstance(numba_type, types.BaseTuple):
         return [slot for member_type, member in zip(numba_type.types, value)
-                for slot in _flattened(member_type, member)]
+                for slot in _flattened(context, member_type, member)]
     kind = getattr(numba_type, "literal_type", numba_type)  # a literal as its value's type
-    return [(_slot(_SLOT_FORMATS[kind]), value)]
+    return [(_slot(_SLOT_FORMATS[kind]), value, None)]
 
 
 class BlockCall(NamedTuple):
@@ -156,18 +156,18 @@ def block_call(compiled, arguments: tuple, call_arrays: int) -> BlockCall:
     range), whose first ``call_arrays`` are arrays that each call of the launch passes
     anew: their data comes with each call (call_bytes), the rest of their fields (shape and
     strides: the same on every call of a launch) and every other argument from the block."""
-    flat_types = compiled.context.get_arg_packer(compiled.argument_types).argument_types
-    slots = [_flattened(numba_type, argument)
+    flat_types = _numba.flat_argument_types(compiled.context, compiled.argument_types)
+    slots = [_flattened(compiled.context, numba_type, argument)
              for numba_type, argument in zip(compiled.argument_types, arguments)]
     # the slot of each call array's data (the trampoline takes it from the call; the block
     # keeps this call's there, unread)
-    data_slots = tuple(sum(map(len, slots[:i])) + _ARRAY_DATA_FIELD
+    data_slots = tuple(sum(map(len, slots[:i])) + [name for _, _, name in slots[i]].index("data")
                        for i in range(call_arrays))
     slots = [slot for argument_slots in slots for slot in argument_slots]
     if len(slots) != len(flat_types):  # a type this packing does not know
         raise TypeError(f"numbapool: cannot pass arguments of types {compiled.argument_types}")
-    layout = struct.Struct("@" + "".join(code for code, _ in slots))
-    block = np.frombuffer(layout.pack(*(value for _, value in slots)), np.uint8)
+    layout = struct.Struct("@" + "".join(code for code, _, _ in slots))
+    block = np.frombuffer(layout.pack(*(value for _, value, _ in slots)), np.uint8)
     return BlockCall(_trampoline(compiled, flat_types, data_slots), block)
 
 
@@ -182,31 +182,22 @@ def _trampoline(compiled, flat_types: tuple, data_slots: tuple) -> int:
     which the call arrays' data gives; made and compiled by LLVM once per entry point in
     this process (it holds the entry point's address)."""
     key = compiled.address, data_slots
-    with global_compiler_lock:
-        if key in _TRAMPOLINES:
-            return _TRAMPOLINES[key][0]
-        context = compiled.context
-        library = context.codegen().create_library("numbapool_trampoline")
-        module = library.create_ir_module("numbapool_trampoline")
-        name = f"numbapool_trampoline_{len(_TRAMPOLINES)}"
-        function = cgutils.get_or_insert_function(
-            module, context.call_conv.get_function_type(types.none, _TRAMPOLINE_ARGUMENTS),
-            name)
-        builder = ir.IRBuilder(function.append_basic_block())
-        status, exception, begin, end, block_pointer, *data = function.args
+
+    def entry_arguments(builder, arguments):
+        begin, end, block_pointer, *data = arguments
         values = [builder.load(builder.bitcast(builder.gep(block_pointer, [_INT64(SLOT * i)]),
                                                flat_type.as_pointer()))
                   for i, flat_type in enumerate(flat_types)]
         for slot, pointer in zip(data_slots, data):
             values[slot] = builder.bitcast(pointer, flat_types[slot])
-        entry_type = context.call_conv.get_function_type(
-            types.none, (types.int64, types.int64) + tuple(compiled.argument_types))
-        entry = builder.inttoptr(_INT64(compiled.address), entry_type.as_pointer())
-        # the entry point's status and exception go straight to the driver's
-        builder.ret(builder.call(entry, [status, exception, begin, end] + values))
-        library.add_ir_module(module)
-        library.finalize()
-        _TRAMPOLINES[key] = library.get_pointer_to_function(name), library
+        return [begin, end] + values
+
+    with _numba.compiler_lock:
+        if key not in _TRAMPOLINES:
+            _TRAMPOLINES[key] = _numba.compile_trampoline(
+                compiled.context, f"numbapool_trampoline_{len(_TRAMPOLINES)}",
+                _TRAMPOLINE_ARGUMENTS, entry_arguments, compiled.address,
+                (types.int64, types.int64) + tuple(compiled.argument_types))
         return _TRAMPOLINES[key][0]
 
 
@@ -216,7 +207,7 @@ def _compile():
     # by signature rather than by a first call, which would first look up every numba
     # extension installed (20 ms of a first call in a fresh process)
     run_in_parallel.compile(_SIGNATURE)
-    return run_in_parallel.overloads[_SIGNATURE].entry_point
+    return _numba.compiled_overload(run_in_parallel, _SIGNATURE)[0]
 
 
 # Whether ready_driver may compile on its own thread (the test suite compiles in place, so
@@ -242,13 +233,12 @@ def ready_driver():
     reaches the disk cache), and it ends with its compile: no thread stays behind, which
     a fork would warn about."""
     global _compiling
+    _numba.check_threading_layer()
     with _compiling_lock:
         future = _compiling
         if future is None:
-            cache = getattr(run_in_parallel, "_cache", None)
-            if (not COMPILE_IN_BACKGROUND or _SIGNATURE in run_in_parallel.overloads
-                    or (hasattr(cache, "holds") and cache.holds(_SIGNATURE,
-                                                                run_in_parallel.targetctx))):
+            if (not COMPILE_IN_BACKGROUND or _SIGNATURE in run_in_parallel.signatures
+                    or _numba.in_disk_cache(run_in_parallel, _SIGNATURE)):
                 return _compile()
             future = Future()
             try:

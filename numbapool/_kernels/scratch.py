@@ -5,7 +5,7 @@ emits a reference count's increment and decrement for every array a statement na
 inlined helper by inlined helper, which it lowers and LLVM then optimizes away, about a
 tenth of a first call's compile (docs/performance.md). A kernel's scratch arrays are then
 its own to free: ``empty`` allocates one (a MemoryError if it cannot), its data aligned
-as numba aligns arrays, and ``release`` frees it; every kernel releases each scratch array
+as numba aligns arrays, and ``release`` frees it, through numba's runtime (_numba, 5.); every kernel releases each scratch array
 it made before it returns (tests/test_first_call.py counts the allocations and frees of
 every kind of kernel).
 ``empty`` is also what ``np.empty`` would compile once per signature in each process.
@@ -13,11 +13,11 @@ every kind of kernel).
 normalizer numba compiles once per process.
 """
 
-from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic
+
+from .. import _numba
 
 # numba's alignment of an array's data (BaseContext.get_preferred_array_alignment)
 _ALIGNMENT = 32
@@ -47,18 +47,11 @@ def allocation(array_type):
         element = context.get_data_type(array_type.dtype)
         itemsize = context.get_constant(types.intp, context.get_abi_sizeof(element))
         size = builder.mul(length, itemsize)
-        allocate = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(cgutils.voidptr_t, [cgutils.intp_t, ir.IntType(32)]),
-            "NRT_MemInfo_alloc_aligned")
-        allocate.return_value.add_attribute("noalias")
-        data_of = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(cgutils.voidptr_t, [cgutils.voidptr_t]),
-            "NRT_MemInfo_data")
-        meminfo = builder.call(allocate, [size, ir.Constant(ir.IntType(32), _ALIGNMENT)])
+        meminfo = _numba.allocate_aligned(context, builder, size, _ALIGNMENT)
         with cgutils.if_unlikely(builder, cgutils.is_null(builder, meminfo)):
-            context.call_conv.return_user_exc(builder, MemoryError,
-                                              ("numbapool: no memory for a scratch array",))
-        data = builder.bitcast(builder.call(data_of, [meminfo]), element.as_pointer())
+            _numba.raise_in_kernel(context, builder, MemoryError,
+                                   ("numbapool: no memory for a scratch array",))
+        data = builder.bitcast(_numba.data_of(builder, meminfo), element.as_pointer())
         return _one_axis(context, builder, array_type, data, length, itemsize, meminfo, None)
 
     return codegen
@@ -87,12 +80,10 @@ def release(typingctx, *arrays):
         return None
 
     def codegen(context, builder, signature, args):
-        free = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t]),
-            "NRT_MemInfo_release")
         for i, array in enumerate(arrays):
             value = builder.extract_value(args[0], i)
-            builder.call(free, [context.make_array(array)(context, builder, value).meminfo])
+            _numba.release_meminfo(builder,
+                                   context.make_array(array)(context, builder, value).meminfo)
         return context.get_dummy_value()
 
     return types.none(types.StarArgTuple.from_types(arrays)), codegen
@@ -120,6 +111,6 @@ def flat_view(typingctx, array):
         source = context.make_array(array)(context, builder, args[0])
         view = _one_axis(context, builder, result, source.data, source.nitems, source.itemsize,
                          source.meminfo, source.parent)
-        return impl_ret_borrowed(context, builder, result, view)
+        return _numba.borrowed(context, builder, result, view)
 
     return result(array), codegen

@@ -348,7 +348,7 @@ def store_means(totals, out, out_begin, count, first, row_divisors, y):
 
 
 # The kinds arrive as literal arguments (entry.py): each compiles its own branches only
-# (literal_kinds.py), AveragePool none of LpPool's roots and the reverse, a window 3 taps
+# (_numba.LiteralKindsCompiler), AveragePool none of LpPool's roots and the reverse, a window 3 taps
 # wide none of the generic row sums and the reverse.
 @kernel()
 def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets, tap_outputs,
