@@ -36,6 +36,8 @@ import threading
 
 import numba
 
+from . import _numba
+
 _program_threads: int | None = None
 _block_threads: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "numbapool_threads", default=None)
@@ -55,7 +57,7 @@ def make_tbb_loadable() -> str | None:
     """Load the TBB library the ``tbb`` wheel installed, so that numba's threading layer,
     chosen at its first parallel region, can be TBB; the library's path, or None where
     there is none to load or numba's layer is chosen already or another is requested."""
-    if threading_layer() is not None:
+    if _numba.layer_started():
         return None
     if str(numba.config.THREADING_LAYER).lower() not in _TBB_MAY_SERVE:
         return None
@@ -121,7 +123,7 @@ def get_num_threads() -> int:
     chosen = _block_threads.get()
     if chosen is None:
         chosen = _program_threads
-    return numba.get_num_threads() if chosen is None else chosen
+    return _numba.layer_thread_count() if chosen is None else chosen
 
 
 def threading_layer() -> str | None:

@@ -7,6 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numba
 import numpy as np
@@ -200,6 +201,19 @@ def test_a_runtime_without_its_c_functions_is_refused(monkeypatch):
         _numba.check_runtime.__wrapped__()
 
 
+def test_the_thread_count_falls_back_to_numbas_own(monkeypatch):
+    numba.get_num_threads()  # numba's threads started
+    monkeypatch.setattr(_numba, "_numba_parallel", SimpleNamespace(_is_initialized=True))
+    with pytest.warns(_numba.NumbaInternalsWarning, match="_get_num_threads"):
+        assert _numba.layer_thread_count() == numba.get_num_threads()
+
+
+def test_whether_numbas_threads_run_falls_back_to_numbas_own(monkeypatch):
+    monkeypatch.setattr(_numba, "_numba_parallel", SimpleNamespace())
+    with pytest.warns(_numba.NumbaInternalsWarning, match="_is_initialized"):
+        assert _numba.layer_started() == (numbapool._threads.threading_layer() is not None)
+
+
 def _keeps_the_unchanged_copy(self, state, work_list, block, i, expr, inline_worker):
     kept, _, _, new_blocks = inline_worker.inline_function(state.func_ir, block, i, None)
     return kept is not None
@@ -244,7 +258,8 @@ def test_an_inliner_with_another_signature_gets_numbas_own_inlining(monkeypatch)
         _numba._inliner_problem.cache_clear()
 
 
-def test_a_pipeline_without_the_passes_it_changes_is_numbas_own(monkeypatch):
+def test_a_pipeline_without_the_pass_the_constants_follow_is_refused(monkeypatch):
+    # the kernels compile only with their literal kinds made constants: no public path
     class NotInThePipeline:
         pass
 
@@ -254,8 +269,16 @@ def test_a_pipeline_without_the_passes_it_changes_is_numbas_own(monkeypatch):
     def by_kind(x, kind):
         return x + 1 if kind == 0 else x * 2
 
-    with pytest.warns(_numba.NumbaInternalsWarning, match="has the passes NotInThePipeline"):
-        assert by_kind(3, 1) == 6
+    with pytest.raises(_numba.NumbaInternalsError, match="has the passes NotInThePipeline"):
+        by_kind(3, 1)
+
+
+def test_an_ir_without_its_definitions_is_refused(monkeypatch):
+    class State:
+        func_ir = object()
+
+    with pytest.raises(_numba.NumbaInternalsError, match="_definitions"):
+        _numba.LiteralArgumentsAsConstants().run_pass(State())
 
 
 @pytest.mark.parametrize("method", ["_save_index", "_load_overload"])
@@ -275,6 +298,25 @@ def test_cache_classes_without_their_methods_give_numbas_own_cache(method, monke
         assert not _numba.in_disk_cache(dispatcher, (types.int64,))
     finally:
         _numba._cache_problem.cache_clear()
+
+
+def test_a_cache_without_the_attributes_it_reads_gives_numbas_own_cache(monkeypatch,
+                                                                         tmp_path):
+    numbas = caching.IndexDataCacheFile.__init__
+
+    def without_stamp(self, cache_path, filename_base, source_stamp):
+        numbas(self, cache_path, filename_base, source_stamp)
+        del self._source_stamp
+
+    monkeypatch.setattr(caching.IndexDataCacheFile, "__init__", without_stamp)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+
+    def add_one(x):
+        return x + 1
+
+    with pytest.warns(_numba.NumbaInternalsWarning, match="_source_stamp"):
+        dispatcher = _numba.njit_cached(add_one)
+    assert not isinstance(dispatcher._cache, _numba._KernelCache)
 
 
 def test_the_kernels_run_right_after_every_fallback(tmp_path):
