@@ -556,7 +556,5 @@ def run_unpool(plan: UnpoolPlan, x: np.ndarray, indices: np.ndarray):
         return y
     flat_x = as_storage(np.ascontiguousarray(x, dtype=plan.dtype).reshape(-1), plan.dtype)
     flat_indices = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
-    rows_out = as_storage(y.reshape(plan.out_shape[0] * plan.out_shape[1], -1), plan.dtype)
-    g = plan.geometry
-    unpool.max_unpool(flat_x, flat_indices, rows_out, g["default_spatial"], g["out_strides"])
+    unpool.max_unpool(flat_x, flat_indices, as_storage(y.reshape(-1), plan.dtype))
     return y

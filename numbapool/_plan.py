@@ -362,6 +362,19 @@ def _freeze(value):
     return value
 
 
+def check_kernel_rank(op: str, shape: tuple, kernel_shape, rank: int) -> None:
+    """A kernel_shape of another length than X's spatial axes: an error that says X's rank
+    and the layout, the usual cause being an image without its N axis."""
+    if hasattr(kernel_shape, "__len__") and not isinstance(kernel_shape, (str, bytes)) \
+            and len(kernel_shape) != rank and len(kernel_shape) > 0:
+        raise ValueError(
+            f"{op}: kernel_shape {tuple(kernel_shape)!r} has {len(kernel_shape)} "
+            f"value{'s' if len(kernel_shape) > 1 else ''}, but X of shape {tuple(shape)} "
+            f"(rank {len(shape)}) has {rank} spatial ax{'es' if rank > 1 else 'is'}: numbapool "
+            f"takes the (N, C, D1, ..., Dn) layout, so a {len(kernel_shape)}-D window needs "
+            f"an input of rank {len(kernel_shape) + 2} (x[np.newaxis] adds N to one image)")
+
+
 def _window_plan(op, shape, dtype, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
                  count_include_pad, p, storage_order) -> WindowPlan:
     allowed = MAX_POOL_DTYPES if op == "MaxPool" else FLOAT_DTYPES
@@ -369,6 +382,7 @@ def _window_plan(op, shape, dtype, kernel_shape, strides, pads, auto_pad, ceil_m
     rank = check_rank(op, shape)
     if kernel_shape is None:
         raise ValueError(f"{op} needs kernel_shape")
+    check_kernel_rank(op, shape, kernel_shape, rank)
     kernel = int_tuple("kernel_shape", kernel_shape, rank, 1)
     strides = (1,) * rank if strides is None else int_tuple("strides", strides, rank, 1)
     dilations = (1,) * rank if dilations is None else int_tuple("dilations", dilations, rank, 1)
@@ -379,7 +393,12 @@ def _window_plan(op, shape, dtype, kernel_shape, strides, pads, auto_pad, ceil_m
     if not isinstance(auto_pad, str) or auto_pad not in AUTO_PADS:
         raise ValueError(f"auto_pad must be one of {', '.join(AUTO_PADS)}; got {auto_pad!r}")
     if pads is not None and auto_pad != "NOTSET":
-        raise ValueError(f"pads cannot be used together with auto_pad={auto_pad!r}; got pads={pads!r}")
+        # exported models often write the default pads, all zero, beside auto_pad: they say
+        # nothing against it (ONNX's checker, onnx.reference and onnxruntime accept them)
+        if any(int_tuple("pads", pads, 2 * rank, 0)):
+            raise ValueError(f"pads cannot be used together with auto_pad={auto_pad!r}; "
+                             f"got pads={pads!r} (only all-zero pads may stand beside it)")
+        pads = None
 
     spatial = shape[2:]
     k_eff = window_extents(kernel, dilations)
@@ -470,29 +489,29 @@ def global_plan(op: str, shape: tuple, dtype: np.dtype) -> GlobalPlan:
 
 @dataclass(frozen=True)
 class UnpoolPlan:
-    """MaxUnpool resolved: indices address ``default_shape``, the result has ``out_shape``."""
+    """MaxUnpool resolved: the result has ``out_shape``, ``output_shape`` when given
+    (``shape_given``) else the default, and each index is a row-major position in it, N and
+    C included, as MaxPool's Indices are positions in its input."""
 
     in_shape: tuple
     dtype: np.dtype
     default_shape: tuple
     out_shape: tuple
-
-    @functools.cached_property
-    def geometry(self) -> dict:
-        return dict(
-            default_spatial=np.array(self.default_shape[2:], dtype=np.int64),
-            out_strides=_row_major_strides(self.out_shape[2:]),
-        )
+    shape_given: bool
 
 
 def unpool_plan(shape: tuple, dtype: np.dtype, kernel_shape, strides=None, pads=None,
                 output_shape=None) -> UnpoolPlan:
-    """Per axis the default output is ``(in - 1) * s + k - pb - pe`` (MaxUnpool's inverse)."""
+    """Per axis the default output is ``(in - 1) * s + k - pb - pe`` (MaxUnpool's inverse).
+    ``output_shape`` is the shape of the input MaxPool pooled into X: along each axis one
+    that MaxPool with these attributes (floor or ceil mode) maps to X's size, within a
+    stride of the default."""
     op = "MaxUnpool"
     dtype = check_dtype(op, np.dtype(dtype))
     rank = check_rank(op, shape)
     if kernel_shape is None:
         raise ValueError(f"{op} needs kernel_shape")
+    check_kernel_rank(op, shape, kernel_shape, rank)
     kernel = int_tuple("kernel_shape", kernel_shape, rank, 1)
     strides = (1,) * rank if strides is None else int_tuple("strides", strides, rank, 1)
     flat = (0,) * (2 * rank) if pads is None else int_tuple("pads", pads, 2 * rank, 0)
@@ -507,19 +526,25 @@ def unpool_plan(shape: tuple, dtype: np.dtype, kernel_shape, strides=None, pads=
         default.append(size)
     default_shape = tuple(shape[:2]) + tuple(default)
     if output_shape is None:
-        out_shape = default_shape
-    else:
-        out_shape = int_tuple("output_shape", output_shape, rank + 2, 0)
-        if out_shape[:2] != default_shape[:2]:
+        return UnpoolPlan(tuple(shape), dtype, default_shape, default_shape, False)
+    out_shape = int_tuple("output_shape", output_shape, rank + 2, 0)
+    if out_shape[:2] != default_shape[:2]:
+        raise ValueError(
+            f"output_shape must keep N and C of the input {default_shape[:2]}; got {out_shape}"
+        )
+    for axis, (size, d, s) in enumerate(zip(out_shape[2:], default, strides)):
+        if not d - s < size < d + s:
             raise ValueError(
-                f"output_shape must keep N and C of the input {default_shape[:2]}; got {out_shape}"
-            )
-    return UnpoolPlan(tuple(shape), dtype, default_shape, out_shape)
+                f"{op}: output_shape {out_shape} is not a shape MaxPool with these kernel_shape, "
+                f"strides and pads pools into X's {tuple(shape)}: spatial axis {axis} must "
+                f"have {d - s + 1} to {d + s - 1} elements (the default output "
+                f"{default_shape}); output_shape is the shape of MaxPool's input, whose "
+                "positions the indices name")
+    return UnpoolPlan(tuple(shape), dtype, default_shape, out_shape, True)
 
 
 def check_unpool_indices(plan: UnpoolPlan, indices: np.ndarray) -> None:
-    """Indices must match X's shape and address the default output, at a position that
-    exists in the requested output."""
+    """Indices must match X's shape and name positions of the output."""
     if indices.dtype.kind not in "iu":
         raise TypeError(f"MaxUnpool indices must be integers; got dtype {indices.dtype}")
     if indices.shape != plan.in_shape:
@@ -528,21 +553,16 @@ def check_unpool_indices(plan: UnpoolPlan, indices: np.ndarray) -> None:
         )
     if indices.size == 0:
         return
-    limit = math.prod(plan.default_shape)
+    limit = math.prod(plan.out_shape)
     low, high = int(indices.min()), int(indices.max())
     if low < 0 or high >= limit:
         bad = low if low < 0 else high
+        if plan.shape_given:
+            which = (f"output_shape {plan.out_shape} (the shape of MaxPool's input, whose "
+                     "positions MaxPool's Indices name)")
+        else:
+            which = (f"the default output {plan.out_shape}; where MaxPool's input was larger, "
+                     "pass its shape as output_shape")
         raise ValueError(
-            f"MaxUnpool index {bad} is outside [0, {limit}), the default output "
-            f"{plan.default_shape}"
+            f"MaxUnpool index {bad} is outside [0, {limit}), the row-major positions of {which}"
         )
-    default_spatial, out_spatial = plan.default_shape[2:], plan.out_shape[2:]
-    if all(o >= d for o, d in zip(out_spatial, default_spatial)):
-        return
-    spatial = np.unravel_index(indices.reshape(-1) % math.prod(default_spatial), default_spatial)
-    for axis, (position, size) in enumerate(zip(spatial, out_spatial)):
-        if position.size and int(position.max()) >= size:
-            raise ValueError(
-                f"MaxUnpool index puts an element at position {int(position.max())} of spatial "
-                f"axis {axis}, outside output_shape {plan.out_shape}"
-            )

@@ -135,6 +135,9 @@ def global_pool(op, x, p=2.0):
 
 
 def unpool(x, indices, kernel_shape, strides=None, pads=None, output_shape=None):
+    """Reference MaxUnpool: an output of output_shape, or by default (in - 1) * s + k - pb - pe
+    elements per spatial axis, zero but where an index names a row-major position of it (N
+    and C included, as MaxPool's Indices name positions of its input); a later element wins."""
     rank = x.ndim - 2
     strides = strides or [1] * rank
     pads = pads or [0] * (2 * rank)
@@ -143,9 +146,7 @@ def unpool(x, indices, kernel_shape, strides=None, pads=None, output_shape=None)
     n, c = x.shape[:2]
     shape = tuple(output_shape) if output_shape is not None else (n, c, *default)
     y = np.zeros(shape, dtype=np.float64)
-    channel = int(np.prod(default))
-    for flat, value in zip(indices.reshape(-1), x.astype(np.float64).reshape(-1)):
-        nc, offset = divmod(int(flat), channel)
-        coords = np.unravel_index(offset, default)
-        y[(nc // c, nc % c, *coords)] = value
+    flat = y.reshape(-1)
+    for index, value in zip(indices.reshape(-1), x.astype(np.float64).reshape(-1)):
+        flat[int(index)] = value
     return y

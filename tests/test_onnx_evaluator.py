@@ -1,5 +1,7 @@
 """numbapool.onnx: pooling nodes of real models, at each operator version."""
 
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -101,22 +103,42 @@ def test_lp_pool_1_takes_a_float_p():
     np.testing.assert_allclose(got, numbapool.lp_pool(x, [2, 2], p=1.5))
 
 
-def test_max_unpool_round_trip_with_output_shape_input():
-    x = RNG.standard_normal((1, 2, 4, 4)).astype(np.float32)
-    y, indices = numbapool.max_pool(x, [2, 2], strides=[2, 2], return_indices=True)
-    node = helper.make_node("MaxUnpool", ["y", "i", "shape"], ["z"], kernel_shape=[2, 2],
-                            strides=[2, 2])
-    graph = helper.make_graph(
-        [node], "unpool",
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
-         helper.make_tensor_value_info("i", TensorProto.INT64, None),
-         helper.make_tensor_value_info("shape", TensorProto.INT64, None)],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
-    z, = NumbaReferenceEvaluator(model).run(
-        None, {"y": y, "i": indices, "shape": np.array([1, 2, 5, 5])})
-    np.testing.assert_array_equal(z, numbapool.max_unpool(y, indices, [2, 2], strides=[2, 2],
-                                                          output_shape=[1, 2, 5, 5]))
+def _pool_and_unpool_model(kernel, strides, pads):
+    """MaxPool of x, then MaxUnpool of its values and indices into x's shape."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=kernel, strides=strides,
+                              pads=pads),
+             helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("MaxUnpool", ["y", "i", "shape"], ["z"], kernel_shape=kernel,
+                              strides=strides, pads=pads)]
+    graph = helper.make_graph(nodes, "pool_and_unpool",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+
+
+@pytest.mark.parametrize("shape, kernel, strides, pads", [
+    ((1, 2, 5, 5), [2, 2], [2, 2], [0, 0, 0, 0]),
+    ((1, 2, 7, 9), [3, 3], [2, 2], [1, 1, 1, 1]),
+    ((2, 1, 9, 4), [3, 2], [3, 1], [1, 0, 0, 1]),
+    ((1, 3, 11), [4], [3], [2, 1]),
+])
+def test_max_unpool_with_output_shape_inverts_max_pool_as_onnxruntime_does(shape, kernel,
+                                                                           strides, pads):
+    import onnxruntime
+
+    x = RNG.permutation(math.prod(shape)).astype(np.float32).reshape(shape)
+    model = _pool_and_unpool_model(kernel, strides, pads)
+    session = onnxruntime.InferenceSession(model.SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+    expected, = session.run(None, {"x": x})
+    y, indices = numbapool.max_pool(x, kernel, strides=strides, pads=pads, return_indices=True)
+    z = numbapool.max_unpool(y, indices, kernel, strides=strides, pads=pads,
+                             output_shape=x.shape)
+    np.testing.assert_array_equal(z, expected)
+    # every maximum back where it was in x, zeros elsewhere
+    assert ((z == x) | (z == 0)).all() and set(z[z != 0]) == set(y.ravel()) - {0}
+    got, = NumbaReferenceEvaluator(model).run(None, {"x": x})
+    np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.parametrize("op, opset, attributes, message", [

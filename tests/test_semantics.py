@@ -42,6 +42,10 @@ def test_2_same_pads_count_dilations_and_ignore_ceil_mode():
 def test_3_valid_applies_ceil_mode():
     x = row(1, 2, 3, 4, 5)
     same(numbapool.max_pool(x, [2], strides=[2], auto_pad="VALID", ceil_mode=1), [2, 4, 5])
+    # all-zero pads beside auto_pad, as exported models write them, change nothing
+    same(numbapool.max_pool(x, [2], strides=[2], auto_pad="VALID", pads=[0, 0]), [2, 4])
+    same(numbapool.average_pool(row(1, 2, 3, 4), [3], strides=[2], auto_pad="SAME_UPPER",
+                                pads=[0, 0]), [2, 3.5])
 
 
 def test_4_average_divisor():
@@ -108,12 +112,21 @@ def test_11_max_unpool():
     indices = np.array([[[[5, 7], [13, 15]]]])
     same(numbapool.max_unpool(x, indices, [2, 2], strides=[2, 2]),
          [[0, 0, 0, 0], [0, 1, 0, 2], [0, 0, 0, 0], [0, 3, 0, 4]])
+    # with output_shape, the indices name positions of output_shape, as MaxPool's Indices
+    # name positions of its input
     y = numbapool.max_unpool(x, indices, [2, 2], strides=[2, 2], output_shape=(1, 1, 5, 5))
-    same(y, [[0, 0, 0, 0, 0], [0, 1, 0, 2, 0], [0, 0, 0, 0, 0], [0, 3, 0, 4, 0], [0, 0, 0, 0, 0]])
+    same(y, [[0, 0, 0, 0, 0], [1, 0, 2, 0, 0], [0, 0, 0, 3, 0], [4, 0, 0, 0, 0], [0, 0, 0, 0, 0]])
+    # MaxPool of a 5x5 image and back: each maximum where it was
+    pooled = np.arange(25, dtype=np.float32).reshape(1, 1, 5, 5)
+    top, where = numbapool.max_pool(pooled, [2, 2], strides=[2, 2], return_indices=True)
+    same(numbapool.max_unpool(top, where, [2, 2], strides=[2, 2], output_shape=pooled.shape),
+         [[0, 0, 0, 0, 0], [0, 6, 0, 8, 0], [0, 0, 0, 0, 0], [0, 16, 0, 18, 0], [0, 0, 0, 0, 0]])
     with pytest.raises(ValueError, match="index 16 is outside"):
         numbapool.max_unpool(x, indices + 1, [2, 2], strides=[2, 2])
-    with pytest.raises(ValueError, match="outside output_shape"):
+    with pytest.raises(ValueError, match="index 15 is outside .0, 9., the row-major positions"):
         numbapool.max_unpool(x, indices, [2, 2], strides=[2, 2], output_shape=(1, 1, 3, 3))
+    with pytest.raises(ValueError, match="must have 3 to 5 elements"):
+        numbapool.max_unpool(x, indices, [2, 2], strides=[2, 2], output_shape=(1, 1, 6, 6))
     # a repeated index keeps the later element
     same(numbapool.max_unpool(row(1, 2), np.array([[[0, 0]]]), [1]), [2, 0])
 
