@@ -31,6 +31,11 @@ __all__ = [
 
 __version__ = "0.1.0"
 
+
+def __dir__() -> list[str]:
+    """The public names (``dir(numbapool)``), not the module's imports."""
+    return sorted([*__all__, "__version__"])
+
 _WINDOW_PARAMETERS = """\
     x : array_like
         Input of shape (N, C, D1, ..., Dn), n >= 1. Any layout; it is never modified.

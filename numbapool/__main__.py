@@ -58,7 +58,11 @@ def _print_info(as_json: bool) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="numbapool", description=__doc__)
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="numbapool",
+                                     description="numbapool's commands: info, warmup, bench.")
+    parser.add_argument("--version", action="version", version=f"numbapool {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="{info,warmup,bench}")
     info_parser = commands.add_parser("info", help="versions, threads, cache, CPU features")
     info_parser.add_argument("--json", action="store_true", help="print JSON")
@@ -67,8 +71,10 @@ def main(argv=None) -> int:
     warm.add_argument("--dtypes", nargs="+", metavar="DTYPE", help="dtype names (default all)")
     warm.add_argument("--processes", type=int, metavar="N",
                       help="worker processes compiling at once (default one per CPU, at most 8)")
+    warm.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                      help="draw a progress bar (default: when stderr is a terminal)")
     commands.add_parser("bench", add_help=False,
-                        help="side-by-side timing against onnxruntime and torch")
+                        help="side-by-side timing against onnxruntime, torch, OpenVINO and JAX")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if args.command == "bench":
         from . import _bench
@@ -82,7 +88,7 @@ def main(argv=None) -> int:
         import numbapool
         try:
             # the kernels into the disk cache only: this process exits next
-            done = numbapool.warmup(args.ops, args.dtypes, progress=True,
+            done = numbapool.warmup(args.ops, args.dtypes, progress=args.progress,
                                      processes=args.processes, load=False)
         except ValueError as error:
             parser.error(str(error))

@@ -509,9 +509,10 @@ def first_call(calls=None, warmup: bool = True) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m numbapool bench",
-                                     description=__doc__.split("\n\n")[0])
+                                     description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("--quick", action="store_true", help="fewer rounds (5 instead of 25)")
-    parser.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
+    parser.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS,
+                        help="threads for numbapool and every peer (default NUMBA_NUM_THREADS)")
     parser.add_argument("--cases", nargs="+", metavar="NAME",
                         help="only these cases: " + ", ".join(repr(c.name) for c in CASES))
     parser.add_argument("--plot", metavar="PNG", help="also draw the ratios into this file")

@@ -228,6 +228,27 @@ def _compile_in_workers(tasks: list, workers: int, bar, load: bool) -> None:
             raise
 
 
+def _in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (its stderr is no terminal, yet a person
+    watches the cell)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def _progress_bar_class():
+    """tqdm's notebook bar in a Jupyter kernel that has ipywidgets, else its text bar."""
+    if _in_notebook():
+        try:
+            import ipywidgets  # noqa: F401  (tqdm's notebook bar draws with it)
+            from tqdm.auto import tqdm
+            return tqdm
+        except ImportError:
+            pass
+    from tqdm import tqdm
+    return tqdm
+
+
 def warmup(ops=None, dtypes=None, *, progress: bool | None = None,
            processes: int | None = None, load: bool = True) -> list[tuple[str, str]]:
     """Compile the kernels of ``ops`` x ``dtypes`` now, or load them from the disk cache.
@@ -244,7 +265,8 @@ def warmup(ops=None, dtypes=None, *, progress: bool | None = None,
         Default every dtype each operator allows; a dtype an operator does not allow is
         skipped for that operator.
     progress : bool, optional
-        Show a progress bar (tqdm); by default only when stderr is a terminal.
+        Show a progress bar (tqdm); by default when stderr is a terminal or in a Jupyter
+        notebook (tqdm's notebook bar where ipywidgets is installed), not in a log.
     processes : int, optional
         How many worker processes compile at once on an empty cache, sharing out the
         operators, dtypes and windows, into the disk cache, from which this process
@@ -270,16 +292,16 @@ def warmup(ops=None, dtypes=None, *, progress: bool | None = None,
     >>> numbapool.warmup(["MaxPool"], ["float32"], progress=False)
     [('MaxPool', 'float32')]
     """
-    from tqdm import tqdm
-
     chosen_ops = _choose("operator", ops, OPERATOR_DTYPES)
     chosen_dtypes = _choose("dtype", dtypes, DTYPE_NAMES)
     pairs = [(op, name) for op in chosen_ops for name in chosen_dtypes
              if DTYPE_NAMES[name] in OPERATOR_DTYPES[op]]
     tasks = _tasks(pairs)
     workers = _worker_count(processes, len(tasks))
-    bar = tqdm(total=len(tasks), desc="numbapool warmup", unit="task",
-               disable=None if progress is None else not progress)
+    if progress is None:
+        progress = _in_notebook() or sys.stderr.isatty()
+    bar = _progress_bar_class()(total=len(tasks), desc="numbapool warmup", unit="task",
+                                disable=not progress)
     with bar:
         # The last task here first (the cheapest: MaxUnpool, the global pools and the last
         # windows come last): if no kernel compiled for it, the cache is warm, and workers

@@ -1,6 +1,7 @@
 """numbapool on dask arrays: the same functions and keywords, lazy, identical results.
 
-Needs dask (``pip install "numbapool[dask]"``); ``import numbapool`` alone never imports it.
+Needs dask and distributed (``pip install -e ".[dask]"`` from a checkout); ``import numbapool``
+alone never imports it.
 
 Windowed pools (``max_pool``, ``average_pool``, ``lp_pool``): chunks along N and C map one
 to one. Along each spatial axis the output chunks are regular (all of one length but the

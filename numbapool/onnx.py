@@ -12,9 +12,15 @@ the version does not have raises a ValueError or TypeError naming it.
 from __future__ import annotations
 
 import numpy as np
-import onnx
-from onnx.reference import ReferenceEvaluator
-from onnx.reference.op_run import OpRun
+
+try:
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+    from onnx.reference.op_run import OpRun
+except ModuleNotFoundError as error:  # the onnx extra is not installed
+    raise ImportError(
+        f"numbapool.onnx needs the onnx package ({error}): pip install -e \".[onnx]\" from a "
+        "checkout, or pip install \"onnx>=1.23\"") from error
 
 import numbapool
 

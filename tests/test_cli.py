@@ -37,11 +37,25 @@ def test_info_text_shows_threads_in_force():
     assert any(line.split() == ["threads", "1"] for line in result.stdout.splitlines())
 
 
-def test_warmup_command_compiles_with_a_progress_bar():
-    result = run_numbapool("warmup", "--ops", "GlobalMaxPool", "--dtypes", "float32", "float64")
+def test_warmup_command_compiles_with_a_progress_bar_when_asked():
+    result = run_numbapool("warmup", "--ops", "GlobalMaxPool", "--dtypes", "float32", "float64",
+                           "--progress")
     assert result.returncode == 0, result.stderr
     assert "2 operator and dtype pairs ready" in result.stdout
     assert "numbapool warmup" in result.stderr and "2/2" in result.stderr
+
+
+def test_warmup_command_draws_no_bar_into_a_log():
+    # stderr is a pipe here, as in a CI log
+    result = run_numbapool("warmup", "--ops", "GlobalMaxPool", "--dtypes", "float32")
+    assert result.returncode == 0, result.stderr
+    assert "1 operator and dtype pairs ready" in result.stdout
+    assert "numbapool warmup" not in result.stderr and "\r" not in result.stderr
+
+
+def test_version():
+    result = run_numbapool("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"numbapool {numbapool.__version__}"
 
 
 def test_warmup_command_names_a_bad_operator():
