@@ -65,6 +65,23 @@ _RAISES = """\
         axis would have no output position."""
 
 
+# PyTorch's names of ONNX's attributes: a call that uses one gets a TypeError naming the
+# ONNX keyword, where Python's own error names only the keyword it did not expect
+_PYTORCH_NAMES = {"kernel_size": "kernel_shape", "stride": "strides", "padding": "pads",
+                  "dilation": "dilations", "norm_type": "p", "output_size": "output_shape"}
+
+
+def _refuse_keywords(function: str, keywords: dict) -> None:
+    """Raise the TypeError of a call of ``function`` with keywords it does not take."""
+    hints = [f"{name}= is {_PYTORCH_NAMES[name]}=" for name in keywords if name in _PYTORCH_NAMES]
+    message = (f"{function}() got unexpected keyword argument"
+               f"{'s' if len(keywords) > 1 else ''} {', '.join(map(repr, keywords))}")
+    if hints:
+        message += ("; numbapool takes ONNX's attribute names (docs/semantics.md): "
+                    + ", ".join(hints))
+    raise TypeError(message)
+
+
 def _as_array(x) -> np.ndarray:
     return x if isinstance(x, np.ndarray) else np.asarray(x)
 
@@ -78,8 +95,8 @@ def _window(op: str, x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilati
     return plan, x
 
 
-def max_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
-             dilations=None, storage_order=0, return_indices=False):
+def max_pool(x, kernel_shape=None, *, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
+             dilations=None, storage_order=0, return_indices=False, **unexpected):
     """ONNX MaxPool: the largest element of each window.
 
     Parameters
@@ -111,13 +128,15 @@ def max_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET", cei
     array([[[[ 5.,  7.],
              [13., 15.]]]], dtype=float32)
     """
+    if unexpected:
+        _refuse_keywords("max_pool", unexpected)
     plan, x = _window("MaxPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
                       0, 2, storage_order)
     return _dispatch.run_window(plan, x, bool(return_indices))
 
 
-def average_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
-                 dilations=None, count_include_pad=0):
+def average_pool(x, kernel_shape=None, *, strides=None, pads=None, auto_pad="NOTSET",
+                 ceil_mode=0, dilations=None, count_include_pad=0, **unexpected):
     """ONNX AveragePool: the mean of each window.
 
     Parameters
@@ -143,13 +162,15 @@ def average_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET",
     array([[[[ 2.5,  4.5],
              [10.5, 12.5]]]], dtype=float32)
     """
+    if unexpected:
+        _refuse_keywords("average_pool", unexpected)
     plan, x = _window("AveragePool", x, kernel_shape, strides, pads, auto_pad, ceil_mode,
                       dilations, count_include_pad)
     return _dispatch.run_window(plan, x)
 
 
-def lp_pool(x, kernel_shape, *, p=2, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
-            dilations=None):
+def lp_pool(x, kernel_shape=None, *, p=2, strides=None, pads=None, auto_pad="NOTSET",
+            ceil_mode=0, dilations=None, **unexpected):
     """ONNX LpPool: ``(sum |x| ** p) ** (1 / p)`` over each window.
 
     Parameters
@@ -174,6 +195,8 @@ def lp_pool(x, kernel_shape, *, p=2, strides=None, pads=None, auto_pad="NOTSET",
     >>> numbapool.lp_pool(x, [2], strides=[2])
     array([[[5., 5.]]])
     """
+    if unexpected:
+        _refuse_keywords("lp_pool", unexpected)
     plan, x = _window("LpPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
                       0, p)
     return _dispatch.run_window(plan, x)
@@ -224,7 +247,9 @@ def global_average_pool(x):
     return _dispatch.run_global("GlobalAveragePool", x)
 
 
-def global_lp_pool(x, *, p=2):
+def global_lp_pool(x, *, p=2, **unexpected):
+    if unexpected:
+        _refuse_keywords("global_lp_pool", unexpected)
     return _dispatch.run_global("GlobalLpPool", x, _plan.check_p(p))
 
 
@@ -244,7 +269,8 @@ for _function in (max_pool, average_pool, lp_pool):
     _function.__doc__ = _function.__doc__.format(window=_WINDOW_PARAMETERS, raises=_RAISES)
 
 
-def max_unpool(x, indices, kernel_shape, *, strides=None, pads=None, output_shape=None):
+def max_unpool(x, indices, kernel_shape=None, *, strides=None, pads=None, output_shape=None,
+               **unexpected):
     """ONNX MaxUnpool: put each element of ``x`` back where ``indices`` says, zeros elsewhere.
 
     Parameters
@@ -283,6 +309,8 @@ def max_unpool(x, indices, kernel_shape, *, strides=None, pads=None, output_shap
     """
     x = _as_array(x)
     indices = _as_array(indices)
+    if unexpected:
+        _refuse_keywords("max_unpool", unexpected)
     plan = _plan.unpool_plan(x.shape, x.dtype, kernel_shape, strides, pads, output_shape)
     _plan.check_unpool_indices(plan, indices)
     return _dispatch.run_unpool(plan, x, indices)

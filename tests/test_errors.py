@@ -12,6 +12,14 @@ I = np.zeros((1, 1, 4, 4), dtype=np.int64)
 
 CASES = [
     # (call, exception, words the message must contain)
+    (lambda: numbapool.max_pool(X, kernel_size=2, stride=2), TypeError,
+     ["'kernel_size'", "kernel_size= is kernel_shape=", "stride= is strides="]),
+    (lambda: numbapool.average_pool(X, [2, 2], padding=1), TypeError, ["padding= is pads="]),
+    (lambda: numbapool.lp_pool(X, [2, 2], norm_type=3, dilation=2), TypeError,
+     ["norm_type= is p=", "dilation= is dilations="]),
+    (lambda: numbapool.max_unpool(X, I, [2, 2], output_size=(1, 1, 5, 5)), TypeError,
+     ["output_size= is output_shape="]),
+    (lambda: numbapool.global_lp_pool(X, q=2), TypeError, ["unexpected keyword", "'q'"]),
     (lambda: numbapool.max_pool(X, [2]), ValueError,
      ["kernel_shape (2,)", "rank 4", "2 spatial axes", "(N, C, D1, ..., Dn)"]),
     (lambda: numbapool.max_pool(np.zeros((3, 8, 8)), [2, 2]), ValueError,
