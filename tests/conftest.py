@@ -22,6 +22,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 # each kernel compiles it.
 settings.register_profile("ci", max_examples=150, deadline=None, derandomize=False)
 settings.register_profile("dev", max_examples=60, deadline=None)
+# .ci/run's second environment, on the oldest numba supported: every kernel family and
+# dtype still, fewer examples of each
+settings.register_profile("oldest-numba", max_examples=25, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
