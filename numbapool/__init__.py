@@ -8,6 +8,8 @@ See docs/semantics.md for the exact rules.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from . import _dispatch, _plan
@@ -30,6 +32,13 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # for editors and type checkers only (py.typed): nothing imported at run time
+    from collections.abc import Sequence
+
+    from numpy.typing import ArrayLike
+
+    Ints = Sequence[int]
 
 
 def __dir__() -> list[str]:
@@ -95,8 +104,10 @@ def _window(op: str, x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilati
     return plan, x
 
 
-def max_pool(x, kernel_shape=None, *, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
-             dilations=None, storage_order=0, return_indices=False, **unexpected):
+def max_pool(x: ArrayLike, kernel_shape: Ints | None = None, *, strides: Ints | None = None,
+             pads: Ints | None = None, auto_pad: str = "NOTSET", ceil_mode: int = 0,
+             dilations: Ints | None = None, storage_order: int = 0, return_indices: bool = False,
+             **unexpected) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """ONNX MaxPool: the largest element of each window.
 
     Parameters
@@ -135,8 +146,10 @@ def max_pool(x, kernel_shape=None, *, strides=None, pads=None, auto_pad="NOTSET"
     return _dispatch.run_window(plan, x, bool(return_indices))
 
 
-def average_pool(x, kernel_shape=None, *, strides=None, pads=None, auto_pad="NOTSET",
-                 ceil_mode=0, dilations=None, count_include_pad=0, **unexpected):
+def average_pool(x: ArrayLike, kernel_shape: Ints | None = None, *,
+                 strides: Ints | None = None, pads: Ints | None = None,
+                 auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations: Ints | None = None,
+                 count_include_pad: int = 0, **unexpected) -> np.ndarray:
     """ONNX AveragePool: the mean of each window.
 
     Parameters
@@ -169,8 +182,9 @@ def average_pool(x, kernel_shape=None, *, strides=None, pads=None, auto_pad="NOT
     return _dispatch.run_window(plan, x)
 
 
-def lp_pool(x, kernel_shape=None, *, p=2, strides=None, pads=None, auto_pad="NOTSET",
-            ceil_mode=0, dilations=None, **unexpected):
+def lp_pool(x: ArrayLike, kernel_shape: Ints | None = None, *, p: float = 2,
+            strides: Ints | None = None, pads: Ints | None = None, auto_pad: str = "NOTSET",
+            ceil_mode: int = 0, dilations: Ints | None = None, **unexpected) -> np.ndarray:
     """ONNX LpPool: ``(sum |x| ** p) ** (1 / p)`` over each window.
 
     Parameters
@@ -202,7 +216,8 @@ def lp_pool(x, kernel_shape=None, *, p=2, strides=None, pads=None, auto_pad="NOT
     return _dispatch.run_window(plan, x)
 
 
-def plan(op, shape, dtype, kernel_shape, **attributes):
+def plan(op: str, shape: Ints, dtype: np.dtype | str | type, kernel_shape: Ints,
+         **attributes) -> _plan.WindowPlan:
     """How a MaxPool, AveragePool or LpPool call on an input of ``shape`` and ``dtype``
     resolves: output shape, pads per side, strides, dilations. A notebook shows it as a table.
 
@@ -239,15 +254,15 @@ _GLOBAL_DOC = """ONNX {op}: the {what} of each channel over all spatial axes.
     """
 
 
-def global_max_pool(x):
+def global_max_pool(x: ArrayLike) -> np.ndarray:
     return _dispatch.run_global("GlobalMaxPool", x)
 
 
-def global_average_pool(x):
+def global_average_pool(x: ArrayLike) -> np.ndarray:
     return _dispatch.run_global("GlobalAveragePool", x)
 
 
-def global_lp_pool(x, *, p=2, **unexpected):
+def global_lp_pool(x: ArrayLike, *, p: float = 2, **unexpected) -> np.ndarray:
     if unexpected:
         _refuse_keywords("global_lp_pool", unexpected)
     return _dispatch.run_global("GlobalLpPool", x, _plan.check_p(p))
@@ -269,8 +284,9 @@ for _function in (max_pool, average_pool, lp_pool):
     _function.__doc__ = _function.__doc__.format(window=_WINDOW_PARAMETERS, raises=_RAISES)
 
 
-def max_unpool(x, indices, kernel_shape=None, *, strides=None, pads=None, output_shape=None,
-               **unexpected):
+def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_shape: Ints | None = None, *,
+               strides: Ints | None = None, pads: Ints | None = None,
+               output_shape: Ints | None = None, **unexpected) -> np.ndarray:
     """ONNX MaxUnpool: put each element of ``x`` back where ``indices`` says, zeros elsewhere.
 
     Parameters

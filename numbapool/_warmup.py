@@ -249,7 +249,7 @@ def _progress_bar_class():
     return tqdm
 
 
-def warmup(ops=None, dtypes=None, *, progress: bool | None = None,
+def warmup(ops: str | list[str] | None = None, dtypes=None, *, progress: bool | None = None,
            processes: int | None = None, load: bool = True) -> list[tuple[str, str]]:
     """Compile the kernels of ``ops`` x ``dtypes`` now, or load them from the disk cache.
 
