@@ -435,9 +435,11 @@ class _KernelCache(caching.FunctionCache):
         index = self._cache_file
         self._cache_file = _LockedIndex(index._cache_path, self._impl.filename_base,
                                         index._source_stamp)
-        self._index_path = self._cache_file._index_path  # checked here, used by save
-        if not isinstance(self._enabled, bool):
-            raise AttributeError("_enabled")
+        # the attributes _LockedIndex.save and holds read, looked up now so that a numba
+        # naming them otherwise gets numba's own cache (njit_cached), not an error later
+        if not (isinstance(self._cache_file._index_path, str)
+                and isinstance(self._enabled, bool)):
+            raise AttributeError("_index_path or _enabled")
 
     def holds(self, sig, target_context) -> bool:
         """Whether the cache has an entry for ``sig``, without loading it."""
