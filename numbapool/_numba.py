@@ -166,14 +166,13 @@ def _jit_options() -> tuple[dict, dict]:
 
     if not hasattr(CPUTargetOptions, "_nrt"):
         raise broken("the kernels' jit options", "numba.njit takes _nrt=False")
-    wrappers = dict.fromkeys(_WRAPPER_OPTIONS, True)
     missing = [name for name in _WRAPPER_OPTIONS if not hasattr(CPUTargetOptions, name)]
     if missing:
         fall_back("the kernels' jit options", f"numba.njit takes {', '.join(missing)}",
                   "numba's wrappers for every helper (first calls slower)")
-        wrappers = {}
-    return ({"_nrt": False, **{k: v for k, v in wrappers.items() if k == "no_cfunc_wrapper"}},
-            {"_nrt": False, **wrappers})
+        return {"_nrt": False}, {"_nrt": False}
+    return ({"_nrt": False, "no_cfunc_wrapper": True},
+            {"_nrt": False, **dict.fromkeys(_WRAPPER_OPTIONS, True)})
 
 
 # --- 2. the compiler pipeline ---------------------------------------------------------

@@ -299,7 +299,7 @@ def warmup(ops: str | list[str] | None = None, dtypes=None, *, progress: bool | 
     tasks = _tasks(pairs)
     workers = _worker_count(processes, len(tasks))
     if progress is None:
-        progress = _in_notebook() or sys.stderr.isatty()
+        progress = _in_notebook() or bool(sys.stderr and sys.stderr.isatty())
     bar = _progress_bar_class()(total=len(tasks), desc="numbapool warmup", unit="task",
                                 disable=not progress)
     with bar:

@@ -161,7 +161,8 @@ def block_call(compiled, arguments: tuple, call_arrays: int) -> BlockCall:
              for numba_type, argument in zip(compiled.argument_types, arguments)]
     # the slot of each call array's data (the trampoline takes it from the call; the block
     # keeps this call's there, unread)
-    data_slots = tuple(sum(map(len, slots[:i])) + [name for _, _, name in slots[i]].index("data")
+    data_slots = tuple(sum(map(len, slots[:i]))
+                       + [name for _, _, name in slots[i]].index("data")
                        for i in range(call_arrays))
     slots = [slot for argument_slots in slots for slot in argument_slots]
     if len(slots) != len(flat_types):  # a type this packing does not know

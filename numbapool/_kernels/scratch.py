@@ -5,9 +5,9 @@ emits a reference count's increment and decrement for every array a statement na
 inlined helper by inlined helper, which it lowers and LLVM then optimizes away, about a
 tenth of a first call's compile (docs/performance.md). A kernel's scratch arrays are then
 its own to free: ``empty`` allocates one (a MemoryError if it cannot), its data aligned
-as numba aligns arrays, and ``release`` frees it, through numba's runtime (_numba, 5.); every kernel releases each scratch array
-it made before it returns (tests/test_first_call.py counts the allocations and frees of
-every kind of kernel).
+as numba aligns arrays, and ``release`` frees it, through numba's runtime (_numba, 5.);
+every kernel releases each scratch array it made before it returns
+(tests/test_first_call.py counts the allocations and frees of every kind of kernel).
 ``empty`` is also what ``np.empty`` would compile once per signature in each process.
 ``flat_view`` views a 2-D array as one row in place of ``reshape(size)``, whose shape
 normalizer numba compiles once per process.
