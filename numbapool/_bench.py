@@ -3,7 +3,9 @@
 Method, so that a ratio means something on a small, noisy machine:
 
 * one thread count for everyone (numba threads = onnxruntime intra_op_num_threads = torch
-  threads = OpenVINO INFERENCE_NUM_THREADS = XLA's intra-op threads); onnxruntime without
+  threads = OpenVINO INFERENCE_NUM_THREADS = XLA's intra-op threads), and the process held
+  to that many cores (pin_to_cores), since a thread count alone does not hold every engine
+  to it (XLA's flags did not keep it to one thread); onnxruntime without
   spinning, at the faster of its EXTENDED and ALL graph levels; OpenVINO in one stream at
   f32 precision; JAX with the input on the device beforehand and ``jax_enable_x64``;
 * each peer runs the cases it expresses directly (the peers are the ``bench`` extra: any
@@ -223,6 +225,41 @@ def _peer_runners(case: Case, x: np.ndarray, threads: int) -> dict:
 # --------------------------------------------------------------------------- the table
 
 
+def pin_to_cores(count: int, first=()) -> list | None:
+    """Hold every thread of this process, and the threads it starts later, to ``count`` of
+    the cores it may use, those in ``first`` before the rest; the cores, sorted, or None
+    where the platform has no CPU affinity (then nothing is pinned)."""
+    import os
+
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    preferred = [core for core in first if core in allowed]
+    cores = sorted((preferred + [core for core in allowed if core not in preferred])[:count])
+    try:
+        tasks = [int(task) for task in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc: the calling thread, whose later threads inherit its cores
+        tasks = [0]
+    for task in tasks:
+        try:
+            os.sched_setaffinity(task, cores)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+    return cores
+
+
+def describe_cores(cores: list | None) -> str:
+    """The header's words for pin_to_cores' answer."""
+    if cores is None:
+        return "cores: not pinned (this platform has no CPU affinity)"
+    runs, start = [], cores[0]
+    for previous, core in zip(cores, cores[1:] + [None]):
+        if core != previous + 1:
+            runs.append(str(start) if start == previous else f"{start}-{previous}")
+            start = core
+    return f"cores: {','.join(runs)}"
+
+
 def measure(case: Case, threads: int, rounds: int, copy) -> dict:
     """A table row (summarize) for ``case``; ``copy`` is stream_copy()."""
     x = make_input(case.shape, case.dtype, case.data)
@@ -261,17 +298,17 @@ def summarize(case_name: str, times: dict, bytes_moved: int, copy_bytes: int) ->
     return row
 
 
-def format_table(rows: list, threads: int) -> str:
+def format_table(rows: list, threads: int, cores: str = "") -> str:
     """One column per engine in PEERS (n/a where it is not installed or cannot run the
     case); the ratio is to the fastest peer of each row; the copy's speed in that row's
-    rounds, which its roofline ratio is to."""
+    rounds, which its roofline ratio is to. ``cores`` is describe_cores' text."""
     def cell(value, digits=3):
         return "n/a" if value is None else f"{value:.{digits}f}"
 
     engines = ["numbapool", *PEERS]
     speeds = [row["copy GB/s"] for row in rows]
-    lines = [f"threads: {threads}; streaming copy: {min(speeds):.1f} to {max(speeds):.1f} GB/s"
-             " (the rows' medians)", "",
+    lines = [f"threads: {threads}; {cores + '; ' if cores else ''}streaming copy: "
+             f"{min(speeds):.1f} to {max(speeds):.1f} GB/s (the rows' medians)", "",
              "| case | " + " | ".join(f"{name} ms" for name in engines)
              + " | best peer | numbapool / best peer | copy GB/s | numbapool / roofline |",
              "| --- |" + " ---: |" * len(engines) + " --- | ---: | ---: | ---: |"]
@@ -349,11 +386,12 @@ def _timed_at_one_and_n(call, threads: int, rounds: int) -> dict:
     return times
 
 
-def scaling(threads: int, rounds: int) -> str:
+def scaling(threads: int, rounds: int, cores: str = "") -> str:
     """numbapool alone at 1 and at ``threads`` threads, interleaved: time per call, speedup
     (median of per-round ratios) and time per million input elements; then the same for
     plain arithmetic (arithmetic_calls)."""
-    lines = [f"| case | input elements | 1 thread ms | {threads} threads ms | speedup "
+    lines = [f"threads: 1 and {threads}{'; ' + cores if cores else ''}", "",
+             f"| case | input elements | 1 thread ms | {threads} threads ms | speedup "
              f"| {threads} threads ms per million elements |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     calls = []
@@ -393,7 +431,8 @@ def stop_busy(processes: list) -> None:
         process.wait()
 
 
-def under_load(threads: int, busy_cores: list, rounds: int, cases=CASES) -> str:
+def under_load(threads: int, busy_cores: list, rounds: int, cases=CASES,
+               cores: str = "") -> str:
     """Each case's numbapool call at ``threads`` threads and at 1 thread, interleaved round
     by round, on a quiet machine and with a busy process spinning on each core of
     ``busy_cores``: times per call (medians) and the ratio N threads / 1 thread (the median
@@ -420,8 +459,9 @@ def under_load(threads: int, busy_cores: list, rounds: int, cases=CASES) -> str:
                       f"{1e3 * statistics.median(times[1]):.3f}", f"{ratio:.2f}"]
         lines.append(f"| {case.name} | " + " | ".join(cells) + " |")
         print(f"  {case.name}: done", flush=True)
-    lines[0] = (f"threads: {threads}; threading layer: {_threads.threading_layer()}; busy: "
-                f"one spinning process on each of cores {', '.join(map(str, busy_cores))}")
+    lines[0] = (f"threads: {threads}; {cores + '; ' if cores else ''}threading layer: "
+                f"{_threads.threading_layer()}; busy: one spinning process on each of cores "
+                f"{', '.join(map(str, busy_cores))}")
     return "\n".join(lines)
 
 
@@ -511,8 +551,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m numbapool bench",
                                      description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("--quick", action="store_true", help="fewer rounds (5 instead of 25)")
+    parser.add_argument("--rounds", type=int, metavar="N",
+                        help="this many rounds (default 25, or 5 with --quick)")
     parser.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS,
-                        help="threads for numbapool and every peer (default NUMBA_NUM_THREADS)")
+                        help="threads for numbapool and every peer, the process held to "
+                             "that many cores (default NUMBA_NUM_THREADS)")
     parser.add_argument("--cases", nargs="+", metavar="NAME",
                         help="only these cases: " + ", ".join(repr(c.name) for c in CASES))
     parser.add_argument("--plot", metavar="PNG", help="also draw the ratios into this file")
@@ -529,14 +572,20 @@ def main(argv=None) -> int:
                         help="instead: numbapool.dask on a local cluster, an input several "
                              "times the workers' memory, and the overhead on one that fits")
     args = parser.parse_args(argv)
-    rounds = 5 if args.quick else 25
+    rounds = args.rounds or (5 if args.quick else 25)
+    if args.rounds is not None and args.rounds < 1:
+        parser.error(f"--rounds: need at least 1 round, got {args.rounds}")
+    if not 1 <= args.threads <= numba.config.NUMBA_NUM_THREADS:
+        parser.error(f"--threads: between 1 and {numba.config.NUMBA_NUM_THREADS} "
+                     f"(NUMBA_NUM_THREADS), got {args.threads}")
     if args.dask:
         from ._bench_dask import dask_report
         print(dask_report())
         return 0
     if args.scaling:
+        cores = describe_cores(pin_to_cores(args.threads))
         numba.set_num_threads(args.threads)
-        print(scaling(args.threads, rounds))
+        print(scaling(args.threads, rounds, cores))
         return 0
     if args.first_call:
         print(first_call())
@@ -556,16 +605,18 @@ def main(argv=None) -> int:
         if outside:
             parser.error(f"--busy: core {outside[0]} is not one this process may use "
                          f"({', '.join(map(str, sorted(cores)))})")
+        pinned = describe_cores(pin_to_cores(args.threads, first=args.busy))
         numba.set_num_threads(args.threads)
-        print(under_load(args.threads, args.busy, rounds, cases))
+        print(under_load(args.threads, args.busy, rounds, cases, pinned))
         return 0
+    cores = describe_cores(pin_to_cores(args.threads))
     numba.set_num_threads(args.threads)
     copy = stream_copy()
     rows = []
     for case in cases:
         rows.append(measure(case, args.threads, rounds, copy))
         print(f"  {case.name}: done", flush=True)
-    print(format_table(rows, args.threads))
+    print(format_table(rows, args.threads, cores))
     if args.plot:
         plot(rows, args.plot)
     return 0

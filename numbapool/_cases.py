@@ -33,6 +33,7 @@ CASES = [
     Case("lp p=3", "LpPool", (8, 64, 56, 56), dict(kernel_shape=[2, 2], strides=[2, 2], p=3)),
     Case("global avg", "GlobalAveragePool", (32, 2048, 7, 7)),
     Case("global avg long", "GlobalAveragePool", (4, 256, 56, 56)),
+    Case("global avg big planes", "GlobalAveragePool", (1, 256, 112, 112)),
     Case("global max", "GlobalMaxPool", (32, 2048, 7, 7)),
     Case("3-d", "MaxPool", (2, 32, 16, 56, 56), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),
     Case("1-d", "AveragePool", (16, 64, 16000), dict(kernel_shape=[4], strides=[4])),

@@ -1,5 +1,6 @@
 """The comparison command and the benchmark case table run."""
 
+import os
 import subprocess
 import sys
 
@@ -15,6 +16,10 @@ def test_bench_command_prints_the_table():
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
+    first = next(line for line in lines if line.startswith("threads: "))
+    threads, cores = (part.split(": ")[1] for part in first.split("; ")[:2])
+    if hasattr(os, "sched_setaffinity"):  # the process was held to as many cores as threads
+        assert len(_cores_named(cores)) == int(threads)
     header = next(i for i, line in enumerate(lines) if line.startswith("| case"))
     columns = [cell.strip() for cell in lines[header].split("|")[1:-1]]
     rows = [dict(zip(columns, (cell.strip() for cell in line.split("|")[1:-1])))
@@ -47,6 +52,62 @@ def test_a_row_s_figures():
     assert "copy" not in row and "copy ms" not in row
     alone = _bench.summarize("alone", {"numbapool": [1.0], "copy": [1.0]}, 1, 1)
     assert alone["best peer"] is None and alone["vs roofline"] == 1.0
+
+
+def _cores_named(text: str) -> list:
+    """The cores of describe_cores' "0-2,5" form, written out."""
+    cores = []
+    for run in text.split(","):
+        first, _, last = run.partition("-")
+        cores += range(int(first), int(last or first) + 1)
+    return cores
+
+
+def test_cores_are_described_as_runs():
+    assert _bench.describe_cores([0, 1, 2, 5, 7, 8]) == "cores: 0-2,5,7-8"
+    assert _bench.describe_cores([3]) == "cores: 3"
+    assert _cores_named("0-2,5,7-8") == [0, 1, 2, 5, 7, 8]
+    assert "not pinned" in _bench.describe_cores(None)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
+def test_pinning_holds_threads_started_before_and_after():
+    """pin_to_cores holds the threads that exist already (an engine's pool started at its
+    import), not only the calling thread and the threads it starts later."""
+    script = """if True:
+        import os, threading
+        from numbapool._bench import pin_to_cores
+        started, release = threading.Event(), threading.Event()
+        def wait():
+            started.set()
+            release.wait()
+        before = threading.Thread(target=wait)
+        before.start()
+        started.wait()
+        allowed = sorted(os.sched_getaffinity(0))
+        cores = pin_to_cores(1, first=[allowed[-1]])
+        after = {}
+        later = threading.Thread(target=lambda: after.update(
+            cores=os.sched_getaffinity(threading.get_native_id())))
+        later.start()
+        later.join()
+        print(cores == [allowed[-1]], os.sched_getaffinity(0) == set(cores),
+              os.sched_getaffinity(before.native_id) == set(cores), after["cores"] == set(cores))
+        release.set()
+    """
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"] * 4
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (["--rounds", "0"], "--rounds: need at least 1 round, got 0"),
+    (["--threads", "0"], "--threads: between 1 and"),
+])
+def test_bench_rejects_bad_counts(arguments, words):
+    result = subprocess.run([sys.executable, "-m", "numbapool", "bench", *arguments],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and words in result.stderr
 
 
 def test_bench_rejects_an_unknown_case():
@@ -101,8 +162,6 @@ def test_first_call_report():
 def test_bench_under_load_prints_both_thread_counts_and_stops_its_busy_processes():
     """``bench --busy 0``: each case at N threads and 1 thread, quiet and beside a process
     spinning on core 0, which is gone once the command ends."""
-    import os
-
     before = set(os.listdir("/proc")) if os.path.isdir("/proc") else None
     result = subprocess.run(
         [sys.executable, "-m", "numbapool", "bench", "--quick", "--busy", "0",
