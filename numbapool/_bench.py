@@ -3,9 +3,9 @@
 Method, so that a ratio means something on a small, noisy machine:
 
 * one thread count for everyone (numba threads = onnxruntime intra_op_num_threads = torch
-  threads = OpenVINO INFERENCE_NUM_THREADS = XLA's intra-op threads), and the process held
-  to that many cores (pin_to_cores), since a thread count alone does not hold every engine
-  to it (XLA's flags did not keep it to one thread); onnxruntime without
+  threads = OpenVINO INFERENCE_NUM_THREADS), and the process held to that many cores
+  (pin_to_cores), since a thread count alone does not hold every engine to it: XLA has no
+  flag for its CPU threads and sizes its pool by the cores it may use; onnxruntime without
   spinning, at the faster of its EXTENDED and ALL graph levels; OpenVINO in one stream at
   f32 precision; JAX with the input on the device beforehand and ``jax_enable_x64``;
 * each peer runs the cases it expresses directly (the peers are the ``bench`` extra: any
@@ -150,9 +150,9 @@ def _openvino_runner(case: Case, x: np.ndarray, threads: int):
 def _jax_runner(case: Case, x: np.ndarray, threads: int):
     import os
 
-    # read once, when jax first starts its CPU backend
-    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true "
-                                       f"intra_op_parallelism_threads={threads}")
+    # XLA has no flag for its CPU threads: it sizes its pool by the cores the process may
+    # use, which pin_to_cores sets. With a GPU build of jax the input would go to the GPU.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
     from jax import lax
     import jax.numpy as jnp
@@ -199,7 +199,9 @@ def _jax_runner(case: Case, x: np.ndarray, threads: int):
             p = attrs.get("p", 2)
             function = lambda a: window_sum(jnp.abs(a) ** p) ** (1 / p)
     compiled = jax.jit(function)
-    on_device = jax.device_put(x)
+    cpu = jax.devices("cpu")[0]
+    on_device = jax.device_put(x, cpu)
+    constants = tuple(jax.device_put(constant, cpu) for constant in constants)
     return lambda: compiled(on_device, *constants).block_until_ready()
 
 
