@@ -375,40 +375,51 @@ def arithmetic_calls() -> list:
                                   _products_and_sums))]
 
 
-def _timed_at_one_and_n(call, threads: int, rounds: int) -> dict:
-    """{1: [...], threads: [...]}: seconds per call of ``call`` at 1 and at ``threads``
-    numba threads, a block of each per round, the first alternating; numba's count is left
-    at ``threads``."""
-    times = {1: [], threads: []}
+def _timed_at_counts(call, counts: list, rounds: int) -> dict:
+    """{count: [...]}: seconds per call of ``call`` at each numba thread count in
+    ``counts``, a block of each per round, their order turning round by round; numba's
+    count is left at the last of ``counts``."""
+    times = {count: [] for count in counts}
     for r in range(rounds):
-        for count in ((1, threads) if r % 2 else (threads, 1)):
+        for count in counts[r % len(counts):] + counts[:r % len(counts)]:
             numba.set_num_threads(count)
             times[count].append(_timed_block(call))
-    numba.set_num_threads(threads)
+    numba.set_num_threads(counts[-1])
     return times
 
 
-def scaling(threads: int, rounds: int, cores: str = "") -> str:
-    """numbapool alone at 1 and at ``threads`` threads, interleaved: time per call, speedup
-    (median of per-round ratios) and time per million input elements; then the same for
-    plain arithmetic (arithmetic_calls)."""
-    lines = [f"threads: 1 and {threads}{'; ' + cores if cores else ''}", "",
-             f"| case | input elements | 1 thread ms | {threads} threads ms | speedup "
-             f"| {threads} threads ms per million elements |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+def thread_ladder(threads: int) -> list:
+    """1, 2, 4, ... up to ``threads``, and ``threads`` itself."""
+    counts = [1]
+    while counts[-1] * 2 < threads:
+        counts.append(counts[-1] * 2)
+    return counts + [threads] if threads > 1 else counts
+
+
+def scaling(threads: int, rounds: int, cores: str = "", cases=SCALING_CASES) -> str:
+    """numbapool alone at 1, 2, 4, ... and ``threads`` threads (thread_ladder), interleaved:
+    time per call at each count, the speedup at ``threads`` (median of per-round ratios) and
+    time per million input elements; then the same for plain arithmetic
+    (arithmetic_calls)."""
+    counts = thread_ladder(threads)
+    lines = [f"threads: {', '.join(map(str, counts))}{'; ' + cores if cores else ''}", "",
+             "| case | input elements | "
+             + " | ".join(f"{c} thread{'s' if c > 1 else ''} ms" for c in counts)
+             + f" | speedup at {threads} | {threads} threads ms per million elements |",
+             "| --- | ---: |" + " ---: |" * len(counts) + " ---: | ---: |"]
     calls = []
-    for case in SCALING_CASES:
+    for case in cases:
         x = make_input(case.shape, case.dtype, case.data)
         call = runner(case, x)
         ready(call)
         calls.append((case.name, x.size, call))
     for name, size, call in calls + arithmetic_calls():
         call()
-        times = _timed_at_one_and_n(call, threads, rounds)
+        times = _timed_at_counts(call, counts, rounds)
         speedup = statistics.median(a / b for a, b in zip(times[1], times[threads]))
-        one, many = (1e3 * statistics.median(times[c]) for c in (1, threads))
-        lines.append(f"| {name} | {size} | {one:.3f} | {many:.3f} | {speedup:.2f} "
-                     f"| {many / (size / 1e6):.3f} |")
+        medians = [1e3 * statistics.median(times[c]) for c in counts]
+        lines.append(f"| {name} | {size} | " + " | ".join(f"{m:.3f}" for m in medians)
+                     + f" | {speedup:.2f} | {medians[-1] / (size / 1e6):.3f} |")
     return "\n".join(lines)
 
 
@@ -453,7 +464,7 @@ def under_load(threads: int, busy_cores: list, rounds: int, cases=CASES,
         for busy in (False, True):
             processes = start_busy(busy_cores) if busy else []
             try:
-                times = _timed_at_one_and_n(call, threads, rounds)
+                times = _timed_at_counts(call, [1, threads], rounds)
             finally:
                 stop_busy(processes)
             ratio = statistics.median(a / b for a, b in zip(times[threads], times[1]))
@@ -562,8 +573,8 @@ def main(argv=None) -> int:
                         help="only these cases: " + ", ".join(repr(c.name) for c in CASES))
     parser.add_argument("--plot", metavar="PNG", help="also draw the ratios into this file")
     parser.add_argument("--scaling", action="store_true",
-                        help="instead: numbapool at 1 and N threads, over sizes, beside "
-                             "plain arithmetic")
+                        help="instead: numbapool at 1, 2, 4, ... and N threads, over sizes "
+                             "(or the cases named), beside plain arithmetic")
     parser.add_argument("--first-call", action="store_true",
                         help="instead: each operator's first call in fresh processes, on an "
                              "empty and a warm cache, and warmup of float32")
@@ -584,11 +595,6 @@ def main(argv=None) -> int:
         from ._bench_dask import dask_report
         print(dask_report())
         return 0
-    if args.scaling:
-        cores = describe_cores(pin_to_cores(args.threads))
-        numba.set_num_threads(args.threads)
-        print(scaling(args.threads, rounds, cores))
-        return 0
     if args.first_call:
         print(first_call())
         return 0
@@ -598,6 +604,11 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"unknown case {unknown[0]!r}; known: {', '.join(CASES_BY_NAME)}")
         cases = [CASES_BY_NAME[name] for name in args.cases]
+    if args.scaling:
+        cores = describe_cores(pin_to_cores(args.threads))
+        numba.set_num_threads(args.threads)
+        print(scaling(args.threads, rounds, cores, cases if args.cases else SCALING_CASES))
+        return 0
     if args.busy:
         import os
 

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import numba
 import numpy as np
 import pytest
 
@@ -140,11 +141,22 @@ def test_scaling_report():
             if line.startswith("| ") and not line.startswith("| case") and "---" not in line]
     names = [row[0].strip() for row in rows]
     assert names[:3] == ["N*C = 1", "lp p=3 3x3", "big kernel"]
+    header = next(line for line in result.stdout.splitlines() if line.startswith("| case"))
+    n = _bench.thread_ladder(numba.config.NUMBA_NUM_THREADS)
+    assert [cell.strip() for cell in header.split("|")[3:3 + len(n)]] == [
+        f"{c} thread{'s' if c > 1 else ''} ms" for c in n]
     # the machine's arithmetic alone, beside the pools
     assert names[-2:] == ["float64 square roots (no pooling)",
                           "8 chained products and sums (no pooling)"]
     for row in rows:
         assert all(float(cell) > 0 for cell in row[1:])
+
+
+def test_thread_ladder_doubles_up_to_the_count():
+    assert _bench.thread_ladder(1) == [1]
+    assert _bench.thread_ladder(2) == [1, 2]
+    assert _bench.thread_ladder(6) == [1, 2, 4, 6]
+    assert _bench.thread_ladder(16) == [1, 2, 4, 8, 16]
 
 
 def test_first_call_report():
