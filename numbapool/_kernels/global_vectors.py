@@ -54,11 +54,15 @@ def _vector_pointer(context, builder, array_type, array, at, vector):
 LANES = 64
 
 
-def _add_to_lanes(builder, data, start, count, storage, lanes):
+def _add_to_lanes(builder, data, start, count, end, storage, lanes):
     """The LANES // WIDTH float32 vectors ``lanes`` after data[start:start + count] is added
-    to them, element j to lane j % LANES; the elements past the last whole LANES in masked
-    loads whose lanes past the end load +0, which leaves a lane as it is (a lane is never
-    -0: it starts at +0, and a sum is -0 only where both terms are)."""
+    to them, element j to lane j % LANES; the elements past the last whole LANES with +0 in
+    the lanes past them, which leaves a lane as it is (a lane is never -0: it starts at +0,
+    and a sum is -0 only where both terms are). Those vectors are whole loads whose lanes
+    past the count are replaced by +0 where the array's ``end`` lies beyond the vector, and
+    masked loads, which read nothing past the count, where it does not: masked loads of
+    7x7 channels took 3.6 times as long an element as whole ones on a processor without
+    AVX2."""
     stored, suffix = _STORED[storage]
     vector_at = vectors_at(builder, data, start, stored)
 
@@ -79,9 +83,22 @@ def _add_to_lanes(builder, data, start, count, storage, lanes):
         with builder.if_then(builder.icmp_unsigned(">", left, ir.Constant(I32, k * WIDTH))):
             lane_numbers = ir.Constant(_VI32, list(range(k * WIDTH, (k + 1) * WIDTH)))
             inside = builder.icmp_unsigned("<", lane_numbers, below_left)
-            loaded = builder.call(masked_load, [
-                vector_at(builder.add(whole, ir.Constant(I64, k * WIDTH))), ir.Constant(I32, 2),
-                inside, ir.Constant(stored, None)])
+            offset = builder.add(whole, ir.Constant(I64, k * WIDTH))
+            pointer = vector_at(offset)
+            vector_end = builder.add(builder.add(start, offset), ir.Constant(I64, WIDTH))
+            with builder.if_else(builder.icmp_unsigned("<=", vector_end, end)) as (
+                    within, past):
+                with within:
+                    selected = builder.select(inside, builder.load(pointer, align=2),
+                                              ir.Constant(stored, None))
+                    whole_block = builder.block
+                with past:
+                    masked = builder.call(masked_load, [pointer, ir.Constant(I32, 2), inside,
+                                                        ir.Constant(stored, None)])
+                    masked_block = builder.block
+            loaded = builder.phi(stored)
+            loaded.add_incoming(selected, whole_block)
+            loaded.add_incoming(masked, masked_block)
             added = builder.fadd(value, _float32_vector(builder, loaded, storage))
             tail = builder.block
         phi = builder.phi(_V32)
@@ -119,10 +136,10 @@ def block_sum(typingctx, flat, start, count):
     signature = types.float32(flat, types.uint64, types.uint64)
 
     def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        flat = context.make_array(signature.args[0])(context, builder, args[0])
         zeros = [ir.Constant(_V32, [0.0] * WIDTH)] * (LANES // WIDTH)
-        return _lane_tree(builder, _add_to_lanes(builder, data, args[1], args[2],
-                                                 signature.args[0].dtype, zeros))
+        return _lane_tree(builder, _add_to_lanes(builder, flat.data, args[1], args[2],
+                                                 flat.nitems, signature.args[0].dtype, zeros))
 
     return signature, codegen
 
@@ -137,11 +154,12 @@ def add_to_lanes(typingctx, flat, start, count, lanes):
     signature = types.none(flat, types.uint64, types.uint64, lanes)
 
     def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        flat = context.make_array(signature.args[0])(context, builder, args[0])
         pointers = [_vector_pointer(context, builder, signature.args[3], args[3],
                                     ir.Constant(I64, k * WIDTH), _V32)
                     for k in range(LANES // WIDTH)]
-        added = _add_to_lanes(builder, data, args[1], args[2], signature.args[0].dtype,
+        added = _add_to_lanes(builder, flat.data, args[1], args[2], flat.nitems,
+                              signature.args[0].dtype,
                               [builder.load(pointer, align=4) for pointer in pointers])
         for value, pointer in zip(added, pointers):
             builder.store(value, pointer, align=4)
