@@ -51,7 +51,7 @@ def dask_report(workers: int = 2, memory_limit: str = "700MiB", large_gib: float
     lines = []
     try:
         with distributed.LocalCluster(n_workers=workers, threads_per_worker=1,
-                                      memory_limit=memory_limit, dashboard_address=None
+                                      memory_limit=memory_limit, dashboard_address=":0"
                                       ) as cluster, distributed.Client(cluster) as client:
             client.run(_warm)
             limit = sum(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
@@ -85,7 +85,7 @@ def dask_report(workers: int = 2, memory_limit: str = "700MiB", large_gib: float
 
         # overhead, on an input that fits everywhere: workers without a limit
         with distributed.LocalCluster(n_workers=workers, threads_per_worker=1,
-                                      dashboard_address=None) as cluster, \
+                                      dashboard_address=":0") as cluster, \
                 distributed.Client(cluster) as client:
             client.run(_warm)
             persisted = client.persist(da.random.default_rng(1).standard_normal(

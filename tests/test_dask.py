@@ -20,7 +20,7 @@ FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
 @pytest.fixture(scope="module")
 def client():
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster:
+                                  dashboard_address=":0") as cluster:
         with distributed.Client(cluster) as client:
             yield client
 

@@ -78,7 +78,7 @@ def limited_client():
               "distributed.worker.memory.monitor-interval": "20ms",
               "distributed.scheduler.allowed-failures": 0}
     with dask.config.set(config), distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
             memory_limit="4GiB") as cluster, distributed.Client(cluster) as client:
         client.run(_warm)
         baseline = max(client.run(_rss).values())
