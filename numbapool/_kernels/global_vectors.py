@@ -2,8 +2,8 @@
 
 GlobalAveragePool's float32 block sums (block_sum, add_to_lanes): their order is the rule
 of docs/semantics.md, lane by lane, which numba's loop would not keep; four vectors of
-float32 lanes side by side, the elements past the last whole run of lanes in masked loads,
-which read nothing past the channel. float32 elements, and float16 and bfloat16 ones as
+float32 lanes side by side, the elements past the last whole run of lanes in loads whose
+lanes past the channel take no part (vectors.load_within). float32 elements, and float16 and bfloat16 ones as
 codec.py stores them, decoded a vector at a time. GlobalMaxPool's largest of a channel
 (vector_float_max, and vector_key_max over the order keys of 16-bit floats) goes the same
 way."""
@@ -12,8 +12,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .vectors import (F32, I1, I32, I64, declare, left_lanes, masked_memory, splat,
-                      vector_loop, vectors_at)
+from .vectors import (F32, I1, I32, I64, declare, fits_before, left_lanes, load_within,
+                      masked_memory, splat, vector_loop, vectors_at)
 
 WIDTH = 16  # float32 lanes in a vector of the block sums
 _V32 = ir.VectorType(F32, WIDTH)
@@ -58,11 +58,8 @@ def _add_to_lanes(builder, data, start, count, end, storage, lanes):
     """The LANES // WIDTH float32 vectors ``lanes`` after data[start:start + count] is added
     to them, element j to lane j % LANES; the elements past the last whole LANES with +0 in
     the lanes past them, which leaves a lane as it is (a lane is never -0: it starts at +0,
-    and a sum is -0 only where both terms are). Those vectors are whole loads whose lanes
-    past the count are replaced by +0 where the array's ``end`` lies beyond the vector, and
-    masked loads, which read nothing past the count, where it does not: masked loads of
-    7x7 channels took 3.6 times as long an element as whole ones on a processor without
-    AVX2."""
+    and a sum is -0 only where both terms are), loaded by vectors.load_within before the
+    array's ``end``."""
     stored, suffix = _STORED[storage]
     vector_at = vectors_at(builder, data, start, stored)
 
@@ -84,21 +81,9 @@ def _add_to_lanes(builder, data, start, count, end, storage, lanes):
             lane_numbers = ir.Constant(_VI32, list(range(k * WIDTH, (k + 1) * WIDTH)))
             inside = builder.icmp_unsigned("<", lane_numbers, below_left)
             offset = builder.add(whole, ir.Constant(I64, k * WIDTH))
-            pointer = vector_at(offset)
-            vector_end = builder.add(builder.add(start, offset), ir.Constant(I64, WIDTH))
-            with builder.if_else(builder.icmp_unsigned("<=", vector_end, end)) as (
-                    within, past):
-                with within:
-                    selected = builder.select(inside, builder.load(pointer, align=2),
-                                              ir.Constant(stored, None))
-                    whole_block = builder.block
-                with past:
-                    masked = builder.call(masked_load, [pointer, ir.Constant(I32, 2), inside,
-                                                        ir.Constant(stored, None)])
-                    masked_block = builder.block
-            loaded = builder.phi(stored)
-            loaded.add_incoming(selected, whole_block)
-            loaded.add_incoming(masked, masked_block)
+            loaded = load_within(builder, vector_at(offset), inside, ir.Constant(stored, None),
+                                 fits_before(builder, start, offset, WIDTH, end), masked_load,
+                                 2)
             added = builder.fadd(value, _float32_vector(builder, loaded, storage))
             tail = builder.block
         phi = builder.phi(_V32)
@@ -174,8 +159,8 @@ def vector_key_max(typingctx, bits, start, count, magnitude_mask, sign_shift):
     magnitude)`` over the signed integers bits[start:start + count] (a channel's float
     bit patterns, count >= 1): the largest of their order keys (global_.order_key: bits
     ^ ((bits >> sign_shift) & magnitude_mask)) and of their magnitudes (bits &
-    magnitude_mask), each a 512-bit vector at a time, the last elements in one masked
-    load whose lanes past the end take no part."""
+    magnitude_mask), each a 512-bit vector at a time, the last elements in one load
+    (vectors.load_within) whose lanes past the end take no part."""
     if not (isinstance(bits, types.Array) and isinstance(bits.dtype, types.Integer)
             and bits.dtype.signed and bits.dtype.bitwidth in (16, 32, 64)):
         return None
@@ -187,7 +172,8 @@ def vector_key_max(typingctx, bits, start, count, magnitude_mask, sign_shift):
     suffix = f"v{lanes}i{element.bitwidth}"
 
     def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        data, nitems = array.data, array.nitems
         start, count = args[1], args[2]
         mask, shift = splat(builder, args[3], lanes), splat(builder, args[4], lanes)
         smallest = ir.Constant(vector, [-(1 << (element.bitwidth - 1))] * lanes)
@@ -207,8 +193,8 @@ def vector_key_max(typingctx, bits, start, count, magnitude_mask, sign_shift):
                                                                         align=2))))
         inside = left_lanes(builder, count, whole, 0, lanes)
         masked_load, _ = masked_memory(builder, vector, suffix)
-        loaded = builder.call(masked_load, [vector_at(whole), ir.Constant(I32, 2), inside,
-                                            ir.Constant(vector, None)])
+        loaded = load_within(builder, vector_at(whole), inside, ir.Constant(vector, None),
+                             fits_before(builder, start, whole, lanes, nitems), masked_load, 2)
         key, magnitude = keys_and_magnitudes(loaded)
         key = builder.select(inside, key, smallest)  # lanes past the end: no part
         magnitude = builder.select(inside, magnitude, ir.Constant(vector, [0] * lanes))
@@ -227,7 +213,7 @@ def vector_float_max(typingctx, flat, start, count):
     none), whose bits are those of the first of them unless it is a zero (+0 and -0
     compare equal), and whether any is NaN: a compare and a maximum a 512-bit vector at a
     time, where order keys (vector_key_max) take five integer operations; the last
-    elements in one masked load whose lanes past the end load -inf."""
+    elements in one load (vectors.load_within) whose lanes past the end hold -inf."""
     if not (isinstance(flat, types.Array) and flat.dtype in (types.float32, types.float64)
             and isinstance(start, types.Integer) and isinstance(count, types.Integer)):
         return None
@@ -240,7 +226,8 @@ def vector_float_max(typingctx, flat, start, count):
     suffix = f"v{lanes}f{element.bitwidth}"
 
     def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        data, nitems = array.data, array.nitems
         start, count = args[1], args[2]
         vector_at = vectors_at(builder, data, start, vector)
         lowest = ir.Constant(vector, [float("-inf")] * lanes)
@@ -255,9 +242,10 @@ def vector_float_max(typingctx, flat, start, count):
             builder, count, lanes, [lowest, ir.Constant(flags, [0] * lanes)],
             lambda i, values: fold(values, builder.load(vector_at(i), align=4)))
         masked_load, _ = masked_memory(builder, vector, suffix)
-        loaded = builder.call(masked_load, [vector_at(whole), ir.Constant(I32, 4),
-                                            left_lanes(builder, count, whole, 0, lanes),
-                                            lowest])
+        loaded = load_within(builder, vector_at(whole), left_lanes(builder, count, whole, 0,
+                                                                   lanes),
+                             lowest, fits_before(builder, start, whole, lanes, nitems),
+                             masked_load, 4)
         best, nan = fold(values, loaded)
         # no NaN among the lanes kept, and a NaN anywhere rescans: maxnum's reduction
         largest = builder.call(declare(builder, f"llvm.vector.reduce.fmax.{suffix}", scalar,
