@@ -323,13 +323,14 @@ def test_medium_inputs(shape, attrs, dtype):
                      reference.pool("LpPool", x, p=p, **attrs), x.dtype)
 
 
-@pytest.mark.parametrize("width", [3, 8, 112, 129, 130, 257, 301])
+@pytest.mark.parametrize("width", [3, 8, 31, 33, 35, 63, 65, 112, 129, 130, 257, 301])
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])
 def test_max_pool_bytes_three_wide_at_step_two(width, dtype):
     """8-bit windows 3 wide at step 2 along the rows take 64 outputs a vector
-    (max_vectors.three_wide_step_two): rows of fewer outputs in masked loads, of 64 exactly, of
-    more with the last vector overlapping, and rows split into parts (one channel: units
-    of part of a row), with and without pads, against the reference."""
+    (max_vectors.three_wide_step_two): rows of 32 to 63 outputs in two overlapping vectors
+    of 32, of 16 to 31 in two of 16, of fewer in masked loads, of 64 exactly, of more with
+    the last vector overlapping, and rows split into parts (one channel: units of part of
+    a row), with and without pads, against the reference."""
     info = np.iinfo(dtype)
     rng = np.random.default_rng(width)
     for shape in [(2, 3, 7, width), (1, 1, 5, width)]:
