@@ -20,6 +20,7 @@ def info() -> dict:
     from llvmlite import binding
 
     import numbapool
+
     from . import _cache, _threads
 
     numba.get_num_threads()  # starts numba's threads, so that the layer in force is known

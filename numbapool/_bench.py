@@ -27,8 +27,7 @@ import time
 import numba
 import numpy as np
 
-from ._cases import (CASES, CASES_BY_NAME, SCALING_CASES, Case, make_input, ready, run,
-                     runner)
+from ._cases import CASES, CASES_BY_NAME, SCALING_CASES, Case, make_input, ready, run, runner
 
 BLOCK_SECONDS = 0.025
 
@@ -96,8 +95,8 @@ def _onnxruntime_runner(case: Case, x: np.ndarray, threads: int):
                                        providers=["CPUExecutionProvider"])
         feed = {"x": x}
         runners.append(lambda session=session, feed=feed: session.run(None, feed))
-    for runner in runners:
-        runner()
+    for session_call in runners:
+        session_call()
     return min(runners, key=lambda r: min(_timed_block(r) for _ in range(3)))
 
 
@@ -154,8 +153,8 @@ def _jax_runner(case: Case, x: np.ndarray, threads: int):
     # use, which pin_to_cores sets. With a GPU build of jax the input would go to the GPU.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
-    from jax import lax
     import jax.numpy as jnp
+    from jax import lax
 
     jax.config.update("jax_enable_x64", True)  # float64 stays float64
     if case.return_indices or case.attrs.get("ceil_mode"):

@@ -56,7 +56,7 @@ def _locate() -> tuple[str | None, str | None]:
 CACHE_DIRECTORY, CACHE_PROBLEM = _locate()
 if CACHE_PROBLEM is not None:
     warnings.warn(f"numbapool: compiled kernels will not be cached on disk ({CACHE_PROBLEM}); "
-                  "every process compiles them again", RuntimeWarning)
+                  "every process compiles them again", RuntimeWarning, stacklevel=2)
 
 
 def cache_contents() -> dict[str, dict]:

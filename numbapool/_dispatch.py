@@ -12,11 +12,29 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _threads
-from ._kernels import (columns, fixed, global_, indexed, max_planes, maxima, parallel, planes,
-                       sums, unpool, wide)
+from ._kernels import (
+    columns,
+    fixed,
+    global_,
+    indexed,
+    max_planes,
+    maxima,
+    parallel,
+    planes,
+    sums,
+    unpool,
+    wide,
+)
 from ._kernels.entry import EntryPoint
-from ._plan import (BFLOAT16, UnpoolPlan, WindowPlan, channels_merged_plan, global_plan,
-                    window_extents, window_plan)
+from ._plan import (
+    BFLOAT16,
+    UnpoolPlan,
+    WindowPlan,
+    channels_merged_plan,
+    global_plan,
+    window_extents,
+    window_plan,
+)
 
 # 16-bit floats reach numba as their bit patterns; see _kernels/codec.py.
 _STORAGE = {np.dtype(np.float16): np.dtype(np.uint16), BFLOAT16: np.dtype(np.int16)}

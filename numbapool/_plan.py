@@ -17,10 +17,10 @@ Per spatial axis, with the window extent ``k_eff = (k - 1) * d + 1`` (docs/seman
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
-import dataclasses
 from dataclasses import dataclass
 
 import ml_dtypes

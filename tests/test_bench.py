@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import numba
-import numpy as np
 import pytest
 
 from numbapool import _bench, _cases

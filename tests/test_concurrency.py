@@ -11,11 +11,11 @@ import time
 import numba
 import numpy as np
 import pytest
+from reference import pool
 
 import numbapool
 from numbapool import _cache, _numba
 from numbapool._kernels.threads import use_threads
-from reference import pool
 
 RNG = np.random.default_rng(5)
 # Big enough for the parallel kernels (more than 2**15 output-taps).

@@ -11,11 +11,11 @@ from unittest import mock
 import ml_dtypes
 import numpy as np
 import pytest
+import reference
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import numbapool
-import reference
 
 FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
 INTS = [np.int8, np.uint8]
@@ -635,7 +635,7 @@ def test_max_plane_kernel(data):
     if expected is None:
         return
     plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
-    got, launch = _on_two_threads(plan, lambda: numbapool.max_pool(x, **attrs))
+    got, launch = _on_two_threads(plan, lambda x=x: numbapool.max_pool(x, **attrs))
     assert launch.entry in _dispatch._MAX_PLANES.values()
     assert got.tobytes() == expected[0].tobytes()
 
@@ -696,7 +696,7 @@ def test_max_pool_windows_of_zeros(shape, attrs, entries, zeros, dtype):
     x = rng.choice(values, size=shape, p=chances).astype(dtype)
     expected, _ = reference.pool("MaxPool", x, **attrs)
     plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
-    got, launch = _on_two_threads(plan, lambda: numbapool.max_pool(x, **attrs))
+    got, launch = _on_two_threads(plan, lambda x=x: numbapool.max_pool(x, **attrs))
     if entries == "columns":
         assert launch.entry.kernel is columns.column_units
     else:
@@ -730,7 +730,7 @@ def test_max_pool_columns_scan_every_column(attrs, dtype):
             raw[0, channel, row + 1, second] = late
         expected, _ = reference.pool("MaxPool", x, **attrs)
         plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
-        got, launch = _on_two_threads(plan, lambda: numbapool.max_pool(x, **attrs))
+        got, launch = _on_two_threads(plan, lambda x=x: numbapool.max_pool(x, **attrs))
         assert launch.entry.kernel is columns.column_units
         assert got.tobytes() == expected.tobytes()
 

@@ -19,7 +19,6 @@ import sys
 
 import pytest
 
-
 # numba announces every compilation that its disk cache did not spare ("numba:compile"):
 # the function's name, and whether it has a disk cache to write to. The start of each
 # script below.

@@ -5,10 +5,10 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+import reference
 
 import numbapool
 from numbapool._kernels import parallel
-import reference
 
 RNG = np.random.default_rng(7)
 BASE = RNG.standard_normal((3, 4, 9, 10))
@@ -112,8 +112,7 @@ def _kernel_signatures() -> dict:
     import numba
 
     from numbapool import _kernels
-    from numbapool._kernels import (columns, fixed, global_, maxima, parallel, planes, sums,
-                                    unpool)
+    from numbapool._kernels import columns, fixed, global_, maxima, parallel, planes, sums, unpool
 
     modules = (columns, fixed, global_, maxima, parallel, planes, sums, unpool)
     assert {m.__name__ for m in modules} >= {f"{_kernels.__name__}.{name}" for name in

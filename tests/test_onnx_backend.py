@@ -9,7 +9,6 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import pytest
-
 import reference
 from onnx_nodes import POOLING_OPS, attributes, run_node
 
@@ -85,7 +84,7 @@ def test_pytorch_converted(name):
     for data_set in data_sets:
         path = os.path.join(folder, data_set)
 
-        def load(prefix):
+        def load(prefix, path=path):
             files = sorted(f for f in os.listdir(path) if f.startswith(prefix))
             return [onnx.numpy_helper.to_array(onnx.load_tensor(os.path.join(path, f)))
                     for f in files]

@@ -6,10 +6,10 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from reference import global_pool
 
 import numbapool
 from numbapool.onnx import NumbaReferenceEvaluator, ops
-from reference import global_pool
 
 RNG = np.random.default_rng(11)
 

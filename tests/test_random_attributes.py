@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import reference
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import numbapool
-import reference
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ACCEPTED_ERRORS = (ValueError, TypeError)

@@ -14,17 +14,27 @@ folded planes, the input rows) hold a -0 or a NaN: results are the same bit for 
 import numpy as np
 from numba import njit
 
-from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INPUT_STRIDE, AXIS_OUT,
-                     AXIS_PAD_BEGIN, AXIS_STRIDE)
+from .._plan import (
+    AXIS_DILATION,
+    AXIS_EXTENT,
+    AXIS_IN,
+    AXIS_INPUT_STRIDE,
+    AXIS_OUT,
+    AXIS_PAD_BEGIN,
+    AXIS_STRIDE,
+)
 from . import kernel
 from .codec import decode
+from .max_vectors import (
+    row_fold_first,
+    row_fold_more,
+    rows_hold_negative_zero_or_nan,
+    three_wide_step_two,
+)
+from .maxima import any_tie, border_max, fold_max_function, is_tie, max_run, nan_max, start_maxima
 from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead, prefetch_range
 from .scratch import empty, full, release
 from .units import first_unit_row, tap_is_inside, unit_row
-from .maxima import (any_tie, border_max, fold_max_function, is_tie, max_run, nan_max,
-                     start_maxima)
-from .max_vectors import (row_fold_first, row_fold_more, rows_hold_negative_zero_or_nan,
-                      three_wide_step_two)
 
 
 @njit(inline="always")

@@ -16,14 +16,13 @@ from numba import njit
 
 from .._plan import AXIS_IN, AXIS_PAD_BEGIN, AXIS_STRIDE
 from . import kernel
+from .codec import as_accumulator, encode
 from .entry import EntryPoint
-from .codec import as_accumulator, decode, encode
-from .units import first_unit_row, interior_outputs, interior_span, unit_row
 from .maxima import border_max, fold_max
 from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead
 from .scratch import release
-from .sums import (border_sum, leading_divisor, lp_root, mean_at, queue_roots, root_queue,
-                   term_at)
+from .sums import border_sum, leading_divisor, lp_root, mean_at, queue_roots, root_queue, term_at
+from .units import first_unit_row, interior_outputs, interior_span, unit_row
 
 
 @njit(inline="always")

@@ -15,14 +15,14 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
+from . import kernel
 from .codec import decode, encode
+from .entry import EntryPoint
+from .global_vectors import LANES, add_to_lanes, block_sum, vector_float_max, vector_key_max
+from .maxima import fold_max
 from .prefetch import prefetch_ahead
 from .scratch import empty, flat_view, release
-from . import kernel
-from .entry import EntryPoint
-from .maxima import fold_max
 from .sums import lp_root, lp_term
-from .global_vectors import LANES, add_to_lanes, block_sum, vector_float_max, vector_key_max
 
 # GlobalAveragePool's float32 sums: elements of a channel to a block (docs/semantics.md)
 BLOCK = 1024  # a multiple of global_vectors.LANES

@@ -12,8 +12,20 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .vectors import (F32, I1, I32, I64, declare, fits_before, left_lanes, load_within,
-                      masked_memory, splat, vector_loop, vectors_at)
+from .vectors import (
+    F32,
+    I1,
+    I32,
+    I64,
+    declare,
+    fits_before,
+    left_lanes,
+    load_within,
+    masked_memory,
+    splat,
+    vector_loop,
+    vectors_at,
+)
 
 WIDTH = 16  # float32 lanes in a vector of the block sums
 _V32 = ir.VectorType(F32, WIDTH)

@@ -24,10 +24,10 @@ from numba import njit
 from .._plan import AXIS_DILATION, AXIS_EXTENT
 from . import kernel
 from .codec import decode
+from .max_vectors import rows_hold_negative_zero_or_nan
 from .maxima import fold_max, fold_max_function, is_tie
 from .scratch import empty, flat_view, full, release
 from .units import plane_axes
-from .max_vectors import rows_hold_negative_zero_or_nan
 
 # The largest padded planes served, where it measured faster than the columns kernel
 # (A/B, one thread): windows of at most 3x3 taps, undilated, over planes up to 32x32 (3x3

@@ -9,8 +9,17 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .vectors import (F32, I32, I64, counted_loop, declare, left_lanes, masked_memory,
-                      vector_loop, vectors_at)
+from .vectors import (
+    F32,
+    I32,
+    I64,
+    counted_loop,
+    declare,
+    left_lanes,
+    masked_memory,
+    vector_loop,
+    vectors_at,
+)
 
 
 def _last_vector(builder, count, whole, lanes, again, masked):

@@ -19,13 +19,21 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-from .._plan import (AXIS_DILATION, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_OUT, AXIS_PAD_BEGIN,
-                     AXIS_STRIDE)
+from .._plan import AXIS_DILATION, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
 from . import INLINED, inlined, kernel
 from .codec import decode
 from .scratch import empty, flat_view, full, release
-from .units import (first_input_row, first_unit, input_row_strides, next_unit,
-                    place_row, row_slot, tap_is_inside, tap_run, window_index)
+from .units import (
+    first_input_row,
+    first_unit,
+    input_row_strides,
+    next_unit,
+    place_row,
+    row_slot,
+    tap_is_inside,
+    tap_run,
+    window_index,
+)
 
 
 @intrinsic

@@ -15,11 +15,27 @@ from numba import njit
 
 from .._plan import AXIS_DILATION, AXIS_IN, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
 from . import inlined, kernel
-from .codec import (accumulator_array, as_accumulator, decode, encode, float64_bits,
-                    float64_from_bits)
+from .codec import (
+    accumulator_array,
+    as_accumulator,
+    decode,
+    encode,
+    float64_bits,
+    float64_from_bits,
+)
 from .scratch import empty, flat_view, full, release
-from .units import (first_input_row, first_unit, input_row_strides, interior_outputs,
-                    interior_span, next_unit, place_row, row_slot, tap_is_inside, tap_run)
+from .units import (
+    first_input_row,
+    first_unit,
+    input_row_strides,
+    interior_outputs,
+    interior_span,
+    next_unit,
+    place_row,
+    row_slot,
+    tap_is_inside,
+    tap_run,
+)
 
 
 @njit(inline="always")

@@ -23,8 +23,16 @@ numba: compiled once, densenet's AveragePool took 1.07 to 1.12x and the resnet s
 import numpy as np
 from numba import njit
 
-from .._plan import (AXIS_DILATION, AXIS_EXTENT, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_INPUT_STRIDE,
-                     AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE)
+from .._plan import (
+    AXIS_DILATION,
+    AXIS_EXTENT,
+    AXIS_IN,
+    AXIS_INDEX_STRIDE,
+    AXIS_INPUT_STRIDE,
+    AXIS_OUT,
+    AXIS_PAD_BEGIN,
+    AXIS_STRIDE,
+)
 from . import inlined
 from .scratch import empty, flat_view
 
