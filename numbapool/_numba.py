@@ -440,6 +440,13 @@ class _KernelCache(caching.FunctionCache):
                 and isinstance(self._enabled, bool)):
             raise AttributeError("_index_path or _enabled")
 
+    def _index_key(self, sig, codegen):
+        # numba's key holds the kernel's own bytecode, but a kernel compiles in helpers and
+        # intrinsics from the other kernel modules too: without their sources in the key, a
+        # change to one of them alone (an editable install updated) loaded the kernel
+        # compiled before it
+        return (*super()._index_key(sig, codegen), kernel_sources_digest())
+
     def holds(self, sig, target_context) -> bool:
         """Whether the cache has an entry for ``sig``, without loading it."""
         return self._enabled and (self._index_key(sig, target_context.codegen())
@@ -449,6 +456,20 @@ class _KernelCache(caching.FunctionCache):
         rtsys.initialize(target_context)
         with self._guard_against_spurious_io_errors():
             return self._load_overload(sig, target_context)
+
+
+@functools.cache
+def kernel_sources_digest() -> str:
+    """A digest of the sources every compiled kernel may take code from: the modules of
+    numbapool._kernels and this one, whose compiler pipeline compiles them."""
+    import hashlib
+    import pathlib
+
+    here = pathlib.Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted((here / "_kernels").glob("*.py")) + [here / "_numba.py"]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def locked_cache(function) -> caching.FunctionCache:

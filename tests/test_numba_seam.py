@@ -18,11 +18,11 @@ from numba.core import caching
 from numba.core.cpu import CPUTargetOptions
 from numba.core.registry import cpu_target
 from numba.core.untyped_passes import InlineInlinables
+from reference import pool
 
 import numbapool
 from numbapool import _numba
 from numbapool._kernels import parallel
-from reference import pool
 
 PACKAGE = pathlib.Path(numbapool.__file__).parent
 # what numbapool imports of numba outside the seam: what numba's user documentation
@@ -355,3 +355,54 @@ np.save(sys.argv[1], np.concatenate([y.ravel(), z.ravel()]))
         pool("AveragePool", x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1]).ravel(),
         pool("LpPool", x, [2, 2], p=3).ravel()])
     np.testing.assert_allclose(np.load(out), expected, rtol=2e-6)
+
+
+_CACHED_CALL = """
+import json, sys
+from numba.core import event
+import numpy as np
+
+compiled = []
+
+
+class Record(event.Listener):
+    def on_start(self, compilation):
+        compiled.append(compilation.data["dispatcher"].py_func.__qualname__)
+
+    def on_end(self, compilation):
+        pass
+
+
+event.register("numba:compile", Record())
+import numbapool
+x = np.arange(2 * 3 * 7 * 7, dtype=np.float32).reshape(2, 3, 7, 7) % 5
+assert numbapool.global_max_pool(x).ravel().tolist() == [4.0] * 6
+print(json.dumps(compiled))
+"""
+
+
+def test_a_change_to_a_helper_module_alone_compiles_its_kernels_again(tmp_path):
+    """A kernel compiles in code from other kernel modules (here GlobalMaxPool's, in
+    global_.py, takes global_vectors.py's intrinsics): a copy of numbapool whose helper
+    module alone changed must not load the kernel the cache holds from before the change,
+    which numba's own key, the kernel's bytecode, would."""
+    import shutil
+
+    copy = tmp_path / "package"
+    shutil.copytree(pathlib.Path(numbapool.__file__).parent, copy / "numbapool",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(copy), "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def compiled():
+        run = subprocess.run([sys.executable, "-c", _CACHED_CALL], capture_output=True,
+                             text=True, timeout=600, env=env, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+        return [name for name in __import__("json").loads(run.stdout.splitlines()[-1])
+                if name == "global_max_units"]
+
+    assert compiled() == ["global_max_units"]
+    assert compiled() == []  # loaded from the cache
+    helper = copy / "numbapool" / "_kernels" / "global_vectors.py"
+    helper.write_text(helper.read_text() + "\n# changed\n")
+    assert compiled() == ["global_max_units"]
+    assert compiled() == []
