@@ -28,6 +28,7 @@ from ._kernels import (
 from ._kernels.entry import EntryPoint
 from ._plan import (
     BFLOAT16,
+    UNDECIDED,
     UnpoolPlan,
     WindowPlan,
     channels_merged_plan,
@@ -142,11 +143,11 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
         pass
     # the plan of fewer axes that runs this one (None: none), made once for every thread
     # count, so that its own launches serve them all
-    try:
-        inner = plan.launches["merged"]
-    except KeyError:
+    choices = plan.choices
+    if choices.merged is UNDECIDED:
         merged = channels_merged_plan(plan)
-        inner = plan.launches["merged"] = None if merged is plan else merged
+        choices.merged = None if merged is plan else merged
+    inner = choices.merged
     if inner is not None:  # the kernels of fewer axes: the same outputs, in the same order
         launch = plan.launches[threads] = _launch(inner, threads)
         return launch
@@ -226,12 +227,11 @@ def _work_split(plan: WindowPlan, threads: int) -> tuple:
 
 def _runs_serially(plan: WindowPlan) -> bool:
     """Whether a call is too small to be worth waking the thread pool (kept on the plan)."""
-    try:
-        return plan.launches["serial"]
-    except KeyError:
+    choices = plan.choices
+    if choices.serial is UNDECIDED:
         work = math.prod(plan.out_shape) * len(plan.geometry["tap_offsets"])
-        serial = plan.launches["serial"] = work < _SERIAL_WORK
-        return serial
+        choices.serial = work < _SERIAL_WORK
+    return choices.serial
 
 
 def _rows_shared(plan: WindowPlan) -> bool:
@@ -404,10 +404,8 @@ def _specialized(plan: WindowPlan):
     2-D windows and LpPool's with p = 2 at the steps along the rows of _wide_window, and
     their 1-D ones at steps 2 and 4 (wide.wide_sum_units); every other MaxPool takes the
     input-rows-first columns.column_units for its kind (_columns_special, in _launch)."""
-    try:
-        return plan.launches["special"]
-    except KeyError:
-        pass
+    if plan.choices.special is not UNDECIDED:
+        return plan.choices.special
     rank = len(plan.kernel_shape)
     g = plan.geometry
     kernels = None
@@ -436,7 +434,7 @@ def _specialized(plan: WindowPlan):
     elif plan.op == "MaxPool" and _max_plane_window(plan):
         special = (_MAX_PLANES[plan.dtype.kind not in "iu"],
                    (lowest_value(plan.dtype), g["axes"]))
-    plan.launches["special"] = special
+    plan.choices.special = special
     return special
 
 
@@ -454,13 +452,24 @@ def _columns_special(plan: WindowPlan, block: int, run_units: int) -> tuple:
             (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]))
 
 
-def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
-    """What a valid global pooling call with these arguments needs besides its arrays:
-    (out_shape, dtype, rows, serial entry point, its trailing arguments, the storage dtype
-    of 16-bit floats or None, the dtype of the bits GlobalMaxPool compares or None,
-    {"entry": the entry point compiled, "driver": the parallel driver compiled and its
-    parallel.BlockCall, once met}).
-    Validates, and keeps the answer for the next call."""
+class GlobalCall(NamedTuple):
+    """What a valid global pooling call needs besides its arrays (_global_call)."""
+
+    out_shape: tuple
+    dtype: np.dtype
+    rows: tuple  # the input as (N*C, spatial elements)
+    entry: EntryPoint  # the serial entry point
+    constants: tuple  # its trailing arguments
+    storage: np.dtype | None  # the storage dtype of 16-bit floats
+    bits: np.dtype | None  # the dtype of the bits GlobalMaxPool compares
+    # "entry": the entry point compiled; "driver": the parallel driver compiled and its
+    # parallel.BlockCall; each once met
+    compiled: dict
+
+
+def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> GlobalCall:
+    """The GlobalCall of a global pooling call with these arguments. Validates, and keeps
+    the answer for the next call."""
     plan = global_plan(op, shape, dtype)
     storage = _STORAGE.get(plan.dtype)
     if op == "GlobalMaxPool":
@@ -476,8 +485,8 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> tuple:
                    (float(p), p_kind), storage, None)
     if len(_GLOBAL_CALLS) >= _MAX_GLOBAL_CALLS:  # shapes that never repeat: stay bounded
         _GLOBAL_CALLS.clear()
-    call = _GLOBAL_CALLS[op, shape, dtype, p] = (plan.out_shape, plan.dtype, plan.rows, *kernels,
-                                                 {})
+    call = _GLOBAL_CALLS[op, shape, dtype, p] = GlobalCall(plan.out_shape, plan.dtype,
+                                                           plan.rows, *kernels, {})
     return call
 
 
@@ -490,6 +499,7 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)
     call = _GLOBAL_CALLS.get((op, x.shape, x.dtype, p)) or _global_call(op, x.shape, x.dtype, p)
+    # unpacked at once: attribute by attribute would cost a tenth of a tiny call
     out_shape, dtype, rows, entry, constants, storage, bits, compiled = call
     y = np.empty(out_shape, dtype)
     if not rows[0]:

@@ -115,6 +115,20 @@ def check_p(value) -> float:
 # --------------------------------------------------------------------------- the window plan
 
 
+# a DispatchChoices field not decided yet
+UNDECIDED = object()
+
+
+@dataclass
+class DispatchChoices:
+    """What _dispatch decides once per plan, whatever the thread count (WindowPlan.choices);
+    UNDECIDED until then."""
+
+    merged: object = UNDECIDED  # the plan of fewer axes that runs this one, or None
+    serial: object = UNDECIDED  # whether a call is too small to wake the threads
+    special: object = UNDECIDED  # the specialized kernel and its arguments, or None
+
+
 @dataclass(frozen=True)
 class WindowPlan:
     """A windowed pooling call, fully resolved: what the kernels need and nothing more.
@@ -135,6 +149,10 @@ class WindowPlan:
     count_include_pad: int = 0
     p: float = 2.0
     storage_order: int = 0
+    # the divisor counts of a plan that gives part of another plan's outputs (region_plan,
+    # channels_merged_plan): that plan's, which the geometry takes; None: its own
+    given_divisor_counts: np.ndarray | None = dataclasses.field(default=None, compare=False,
+                                                                repr=False)
 
     @property
     def spatial_in(self) -> tuple:
@@ -148,7 +166,7 @@ class WindowPlan:
     def geometry(self) -> dict:
         """The window geometry as int64 arrays, as the kernels take them
         (``window_geometry``)."""
-        return self.window_geometry()
+        return self.window_geometry(self.given_divisor_counts)
 
     def window_geometry(self, divisor_counts: np.ndarray | None = None) -> dict:
         """The window geometry as int64 arrays, as the kernels take them; the divisor counts
@@ -228,10 +246,20 @@ class WindowPlan:
 
     @functools.cached_property
     def launches(self) -> dict:
-        """How a call of this plan is launched, per thread count, and whether it runs
-        serially ("serial"); filled by _dispatch, kept here so that a repeated call finds it
-        without hashing the plan."""
+        """How a call of this plan is launched (_dispatch.Launch) per thread count; filled by
+        _dispatch, kept here so that a repeated call finds it without hashing the plan."""
         return {}
+
+    @functools.cached_property
+    def choices(self) -> DispatchChoices:
+        """What _dispatch decided for this plan whatever the thread count, decided once."""
+        return DispatchChoices()
+
+    def forget_launches(self) -> None:
+        """Drop the launches and choices made so far: the next call decides again."""
+        self.launches.clear()
+        choices = self.choices
+        choices.merged = choices.serial = choices.special = UNDECIDED
 
     def _repr_html_(self) -> str:
         rows = [
@@ -433,8 +461,8 @@ def region_plan(plan: WindowPlan, region_shape: tuple, pads: tuple, first_output
                           plan.strides, pads, "NOTSET", 0, plan.dilations,
                           plan.count_include_pad, plan.p, plan.storage_order)
     width = max(region.spatial_out)
-    region.__dict__["geometry"] = region.window_geometry(plan.divisor_counts(first_outputs, width))
-    return region
+    return dataclasses.replace(
+        region, given_divisor_counts=plan.divisor_counts(first_outputs, width))
 
 
 def channels_merged_plan(plan: WindowPlan) -> WindowPlan:
@@ -457,8 +485,8 @@ def channels_merged_plan(plan: WindowPlan) -> WindowPlan:
     inner = _window_plan(plan.op, shape, plan.dtype, plan.kernel_shape[merged:],
                          plan.strides[merged:], pads, "NOTSET", plan.ceil_mode,
                          plan.dilations[merged:], plan.count_include_pad, plan.p, 0)
-    inner.__dict__["geometry"] = inner.window_geometry(plan.geometry["divisor_counts"][merged:])
-    return inner
+    return dataclasses.replace(
+        inner, given_divisor_counts=plan.geometry["divisor_counts"][merged:])
 
 
 # --------------------------------------------------------------------------- global pools
