@@ -292,9 +292,9 @@ def three_wide_step_two(typingctx, columns, target, base, count):
 
         def short():
             """count < lanes: two overlapping vectors of the widest half width that count
-            reaches, masked ones only under 16 outputs, where a processor without AVX-512
-            takes a masked byte apart lane by lane (uint8 3x3 s2 over rows of 112 bytes,
-            55 outputs, 3 times as long without AVX2)."""
+            reaches, masked ones only under 16 outputs: a processor without AVX-512 takes
+            masked byte loads and stores apart lane by lane (uint8 3x3 s2 over rows of 112
+            bytes, 55 outputs, took 6 times as long)."""
             with builder.if_else(builder.icmp_unsigned(">=", count, ir.Constant(
                     I64, lanes // 2))) as (half, less):
                 with half:

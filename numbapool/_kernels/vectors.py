@@ -86,9 +86,9 @@ def masked_memory(builder, vector, suffix):
 def load_within(builder, pointer, inside, fill, fits, masked_load, alignment):
     """The vector at ``pointer`` with ``fill`` in the lanes not ``inside``: where ``fits``
     (the whole vector lies inside its array) a plain load and a select, else
-    ``masked_load`` (masked_memory's), which reads none of those lanes. A processor without
-    AVX-512 takes masked loads of some widths apart lane by lane: GlobalAveragePool over
-    7x7 channels took twice as long with masked loads alone, without AVX2."""
+    ``masked_load`` (masked_memory's), which reads none of those lanes: GlobalAveragePool
+    over 7x7 channels took twice as long with masked loads alone on a processor without
+    AVX-512."""
     with builder.if_else(fits) as (whole, masked):
         with whole:
             selected = builder.select(inside, builder.load(pointer, align=alignment), fill)
