@@ -234,7 +234,10 @@ def vector_float_max(typingctx, flat, start, count):
     lanes = 512 // element.bitwidth
     scalar = F32 if element == types.float32 else ir.DoubleType()
     vector = ir.VectorType(scalar, lanes)
-    flags = ir.VectorType(I1, lanes)
+    # the NaN flags as lanes of all ones or zeros as wide as the elements, as a compare
+    # leaves them in a register: as bits (i1 lanes) LLVM packed them to bytes at every
+    # vector without AVX-512
+    flags = ir.VectorType(ir.IntType(element.bitwidth), lanes)
     suffix = f"v{lanes}f{element.bitwidth}"
 
     def codegen(context, builder, signature, args):
@@ -248,7 +251,8 @@ def vector_float_max(typingctx, flat, start, count):
             best, nan = values
             # a NaN compares false: the kept value stays
             best = builder.select(builder.fcmp_ordered(">", loaded, best), loaded, best)
-            return best, builder.or_(nan, builder.fcmp_unordered("uno", loaded, loaded))
+            return best, builder.or_(nan, builder.sext(
+                builder.fcmp_unordered("uno", loaded, loaded), flags))
 
         values, whole = vector_loop(
             builder, count, lanes, [lowest, ir.Constant(flags, [0] * lanes)],
@@ -262,8 +266,10 @@ def vector_float_max(typingctx, flat, start, count):
         # no NaN among the lanes kept, and a NaN anywhere rescans: maxnum's reduction
         largest = builder.call(declare(builder, f"llvm.vector.reduce.fmax.{suffix}", scalar,
                                         [vector]), [best], fastmath=("nnan",))
-        any_nan = builder.call(declare(builder, f"llvm.vector.reduce.or.v{lanes}i1", I1,
-                                        [flags]), [nan])
+        width = ir.IntType(element.bitwidth)
+        any_nan = builder.icmp_unsigned("!=", builder.call(declare(
+            builder, f"llvm.vector.reduce.or.v{lanes}i{element.bitwidth}", width, [flags]),
+            [nan]), ir.Constant(width, 0))
         return context.make_tuple(builder, signature.return_type, [largest, any_nan])
 
     return signature, codegen
