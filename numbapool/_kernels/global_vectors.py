@@ -14,7 +14,6 @@ from numba.extending import intrinsic
 
 from .vectors import (
     F32,
-    I1,
     I32,
     I64,
     declare,
