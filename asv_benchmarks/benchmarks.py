@@ -44,5 +44,6 @@ class FirstCall:
     timeout = 600
 
     def timeraw_import_and_first_call(self, name):
-        return (f"import numpy as np\nimport numbapool\nx = {FIRST_CALL_INPUT}\n"
-                f"{FIRST_CALLS[name]}\n")
+        return (
+            f"import numpy as np\nimport numbapool\nx = {FIRST_CALL_INPUT}\n{FIRST_CALLS[name]}\n"
+        )

@@ -45,6 +45,7 @@ def __dir__() -> list[str]:
     """The public names (``dir(numbapool)``), not the module's imports."""
     return sorted([*__all__, "__version__"])
 
+
 _WINDOW_PARAMETERS = """\
     x : array_like
         Input of shape (N, C, D1, ..., Dn), n >= 1. Any layout; it is never modified.
@@ -76,18 +77,27 @@ _RAISES = """\
 
 # PyTorch's names of ONNX's attributes: a call that uses one gets a TypeError naming the
 # ONNX keyword, where Python's own error names only the keyword it did not expect
-_PYTORCH_NAMES = {"kernel_size": "kernel_shape", "stride": "strides", "padding": "pads",
-                  "dilation": "dilations", "norm_type": "p", "output_size": "output_shape"}
+_PYTORCH_NAMES = {
+    "kernel_size": "kernel_shape",
+    "stride": "strides",
+    "padding": "pads",
+    "dilation": "dilations",
+    "norm_type": "p",
+    "output_size": "output_shape",
+}
 
 
 def _refuse_keywords(function: str, keywords: dict) -> None:
     """Raise the TypeError of a call of ``function`` with keywords it does not take."""
     hints = [f"{name}= is {_PYTORCH_NAMES[name]}=" for name in keywords if name in _PYTORCH_NAMES]
-    message = (f"{function}() got unexpected keyword argument"
-               f"{'s' if len(keywords) > 1 else ''} {', '.join(map(repr, keywords))}")
+    message = (
+        f"{function}() got unexpected keyword argument"
+        f"{'s' if len(keywords) > 1 else ''} {', '.join(map(repr, keywords))}"
+    )
     if hints:
-        message += ("; numbapool takes ONNX's attribute names (docs/semantics.md): "
-                    + ", ".join(hints))
+        message += "; numbapool takes ONNX's attribute names (docs/semantics.md): " + ", ".join(
+            hints
+        )
     raise TypeError(message)
 
 
@@ -95,129 +105,200 @@ def _as_array(x) -> np.ndarray:
     return x if isinstance(x, np.ndarray) else np.asarray(x)
 
 
-def _window(op: str, x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
-            count_include_pad=0, p=2, storage_order=0):
+def _window(
+    op: str,
+    x,
+    kernel_shape,
+    strides,
+    pads,
+    auto_pad,
+    ceil_mode,
+    dilations,
+    count_include_pad=0,
+    p=2,
+    storage_order=0,
+):
     # arguments by position: this runs on every call, and a small call's time is this
     x = _as_array(x)
-    plan = _plan.window_plan(op, x.shape, x.dtype, kernel_shape, strides, pads, auto_pad,
-                             ceil_mode, dilations, count_include_pad, p, storage_order)
+    plan = _plan.window_plan(
+        op,
+        x.shape,
+        x.dtype,
+        kernel_shape,
+        strides,
+        pads,
+        auto_pad,
+        ceil_mode,
+        dilations,
+        count_include_pad,
+        p,
+        storage_order,
+    )
     return plan, x
 
 
-def max_pool(x: ArrayLike, kernel_shape: Ints | None = None, *, strides: Ints | None = None,
-             pads: Ints | None = None, auto_pad: str = "NOTSET", ceil_mode: int = 0,
-             dilations: Ints | None = None, storage_order: int = 0, return_indices: bool = False,
-             **unexpected) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+def max_pool(
+    x: ArrayLike,
+    kernel_shape: Ints | None = None,
+    *,
+    strides: Ints | None = None,
+    pads: Ints | None = None,
+    auto_pad: str = "NOTSET",
+    ceil_mode: int = 0,
+    dilations: Ints | None = None,
+    storage_order: int = 0,
+    return_indices: bool = False,
+    **unexpected,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """ONNX MaxPool: the largest element of each window.
 
-    Parameters
-    ----------
-{window}
-    storage_order : {{0, 1}}
-        How Indices number the spatial offset: 0 row-major, 1 column-major (first spatial
-        axis fastest).
-    return_indices : bool
-        Also return the Indices output.
+        Parameters
+        ----------
+    {window}
+        storage_order : {{0, 1}}
+            How Indices number the spatial offset: 0 row-major, 1 column-major (first spatial
+            axis fastest).
+        return_indices : bool
+            Also return the Indices output.
 
-    Returns
-    -------
-    Y : ndarray
-        Same dtype as ``x`` (float16, bfloat16, float32, float64, int8 or uint8). A window
-        with no element inside the input gives -inf (the dtype's minimum for integers).
-    Indices : ndarray of int64, only if ``return_indices``
-        Offset of each maximum in the whole input, ``(n * C + c) * prod(D) + spatial
-        offset``; -1 for an empty window. Ties go to the first maximum in the window's
-        row-major scan; a window holding NaN gives NaN and the first NaN's offset.
+        Returns
+        -------
+        Y : ndarray
+            Same dtype as ``x`` (float16, bfloat16, float32, float64, int8 or uint8). A window
+            with no element inside the input gives -inf (the dtype's minimum for integers).
+        Indices : ndarray of int64, only if ``return_indices``
+            Offset of each maximum in the whole input, ``(n * C + c) * prod(D) + spatial
+            offset``; -1 for an empty window. Ties go to the first maximum in the window's
+            row-major scan; a window holding NaN gives NaN and the first NaN's offset.
 
-{raises}
+    {raises}
 
-    Examples
-    --------
-    >>> import numpy as np, numbapool
-    >>> x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
-    >>> numbapool.max_pool(x, [2, 2], strides=[2, 2])
-    array([[[[ 5.,  7.],
-             [13., 15.]]]], dtype=float32)
+        Examples
+        --------
+        >>> import numpy as np, numbapool
+        >>> x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+        >>> numbapool.max_pool(x, [2, 2], strides=[2, 2])
+        array([[[[ 5.,  7.],
+                 [13., 15.]]]], dtype=float32)
     """
     if unexpected:
         _refuse_keywords("max_pool", unexpected)
-    plan, x = _window("MaxPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
-                      0, 2, storage_order)
+    plan, x = _window(
+        "MaxPool",
+        x,
+        kernel_shape,
+        strides,
+        pads,
+        auto_pad,
+        ceil_mode,
+        dilations,
+        0,
+        2,
+        storage_order,
+    )
     return _dispatch.run_window(plan, x, bool(return_indices))
 
 
-def average_pool(x: ArrayLike, kernel_shape: Ints | None = None, *,
-                 strides: Ints | None = None, pads: Ints | None = None,
-                 auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations: Ints | None = None,
-                 count_include_pad: int = 0, **unexpected) -> np.ndarray:
+def average_pool(
+    x: ArrayLike,
+    kernel_shape: Ints | None = None,
+    *,
+    strides: Ints | None = None,
+    pads: Ints | None = None,
+    auto_pad: str = "NOTSET",
+    ceil_mode: int = 0,
+    dilations: Ints | None = None,
+    count_include_pad: int = 0,
+    **unexpected,
+) -> np.ndarray:
     """ONNX AveragePool: the mean of each window.
 
-    Parameters
-    ----------
-{window}
-    count_include_pad : {{0, 1}}
-        0 divides by the taps inside the input; 1 by the taps inside the padded input
-        (taps past the end padding, which ``ceil_mode`` can create, never count).
+        Parameters
+        ----------
+    {window}
+        count_include_pad : {{0, 1}}
+            0 divides by the taps inside the input; 1 by the taps inside the padded input
+            (taps past the end padding, which ``ceil_mode`` can create, never count).
 
-    Returns
-    -------
-    Y : ndarray
-        Same dtype as ``x`` (float16, bfloat16, float32 or float64); sums accumulate in
-        float32 (float64 for float64) and are rounded once. An empty window gives 0.
+        Returns
+        -------
+        Y : ndarray
+            Same dtype as ``x`` (float16, bfloat16, float32 or float64); sums accumulate in
+            float32 (float64 for float64) and are rounded once. An empty window gives 0.
 
-{raises}
+    {raises}
 
-    Examples
-    --------
-    >>> import numpy as np, numbapool
-    >>> x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
-    >>> numbapool.average_pool(x, [2, 2], strides=[2, 2])
-    array([[[[ 2.5,  4.5],
-             [10.5, 12.5]]]], dtype=float32)
+        Examples
+        --------
+        >>> import numpy as np, numbapool
+        >>> x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+        >>> numbapool.average_pool(x, [2, 2], strides=[2, 2])
+        array([[[[ 2.5,  4.5],
+                 [10.5, 12.5]]]], dtype=float32)
     """
     if unexpected:
         _refuse_keywords("average_pool", unexpected)
-    plan, x = _window("AveragePool", x, kernel_shape, strides, pads, auto_pad, ceil_mode,
-                      dilations, count_include_pad)
+    plan, x = _window(
+        "AveragePool",
+        x,
+        kernel_shape,
+        strides,
+        pads,
+        auto_pad,
+        ceil_mode,
+        dilations,
+        count_include_pad,
+    )
     return _dispatch.run_window(plan, x)
 
 
-def lp_pool(x: ArrayLike, kernel_shape: Ints | None = None, *, p: float = 2,
-            strides: Ints | None = None, pads: Ints | None = None, auto_pad: str = "NOTSET",
-            ceil_mode: int = 0, dilations: Ints | None = None, **unexpected) -> np.ndarray:
+def lp_pool(
+    x: ArrayLike,
+    kernel_shape: Ints | None = None,
+    *,
+    p: float = 2,
+    strides: Ints | None = None,
+    pads: Ints | None = None,
+    auto_pad: str = "NOTSET",
+    ceil_mode: int = 0,
+    dilations: Ints | None = None,
+    **unexpected,
+) -> np.ndarray:
     """ONNX LpPool: ``(sum |x| ** p) ** (1 / p)`` over each window.
 
-    Parameters
-    ----------
-{window}
-    p : float
-        Order of the norm, any real number > 0 (LpPool-1 has a float ``p``).
+        Parameters
+        ----------
+    {window}
+        p : float
+            Order of the norm, any real number > 0 (LpPool-1 has a float ``p``).
 
-    Returns
-    -------
-    Y : ndarray
-        Same dtype as ``x`` (float16, bfloat16, float32 or float64); the sum accumulates in
-        float64 and is rounded once. Only taps inside the input count; an empty window
-        gives 0.
+        Returns
+        -------
+        Y : ndarray
+            Same dtype as ``x`` (float16, bfloat16, float32 or float64); the sum accumulates in
+            float64 and is rounded once. Only taps inside the input count; an empty window
+            gives 0.
 
-{raises}
+    {raises}
 
-    Examples
-    --------
-    >>> import numpy as np, numbapool
-    >>> x = np.array([[[3.0, 4.0, 0.0, 5.0]]])
-    >>> numbapool.lp_pool(x, [2], strides=[2])
-    array([[[5., 5.]]])
+        Examples
+        --------
+        >>> import numpy as np, numbapool
+        >>> x = np.array([[[3.0, 4.0, 0.0, 5.0]]])
+        >>> numbapool.lp_pool(x, [2], strides=[2])
+        array([[[5., 5.]]])
     """
     if unexpected:
         _refuse_keywords("lp_pool", unexpected)
-    plan, x = _window("LpPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
-                      0, p)
+    plan, x = _window(
+        "LpPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations, 0, p
+    )
     return _dispatch.run_window(plan, x)
 
 
-def plan(op: str, shape: Ints, dtype: np.dtype | str | type, kernel_shape: Ints,
-         **attributes) -> _plan.WindowPlan:
+def plan(
+    op: str, shape: Ints, dtype: np.dtype | str | type, kernel_shape: Ints, **attributes
+) -> _plan.WindowPlan:
     """How a MaxPool, AveragePool or LpPool call on an input of ``shape`` and ``dtype``
     resolves: output shape, pads per side, strides, dilations. A notebook shows it as a table.
 
@@ -269,59 +350,79 @@ def global_lp_pool(x: ArrayLike, *, p: float = 2, **unexpected) -> np.ndarray:
 
 
 global_max_pool.__doc__ = _GLOBAL_DOC.format(
-    op="GlobalMaxPool", what="largest element", extra="", raises=_RAISES,
-    note=" A channel holding NaN gives NaN.")
+    op="GlobalMaxPool",
+    what="largest element",
+    extra="",
+    raises=_RAISES,
+    note=" A channel holding NaN gives NaN.",
+)
 global_average_pool.__doc__ = _GLOBAL_DOC.format(
-    op="GlobalAveragePool", what="mean", extra="", raises=_RAISES,
-    note=("\n        float64 input sums in float64, in order; narrower dtypes sum blocks of 1024"
-          "\n        elements in float32, in a fixed order of 64 lanes, and add the blocks'"
-          "\n        sums in float64 (docs/semantics.md). The mean is rounded once."))
+    op="GlobalAveragePool",
+    what="mean",
+    extra="",
+    raises=_RAISES,
+    note=(
+        "\n        float64 input sums in float64, in order; narrower dtypes sum blocks of 1024"
+        "\n        elements in float32, in a fixed order of 64 lanes, and add the blocks'"
+        "\n        sums in float64 (docs/semantics.md). The mean is rounded once."
+    ),
+)
 global_lp_pool.__doc__ = _GLOBAL_DOC.format(
-    op="GlobalLpPool", what="Lp norm", raises=_RAISES,
+    op="GlobalLpPool",
+    what="Lp norm",
+    raises=_RAISES,
     extra="\n    p : float\n        Order of the norm, any real number > 0.",
-    note=" The sum accumulates in float64 and is rounded once.")
+    note=" The sum accumulates in float64 and is rounded once.",
+)
 for _function in (max_pool, average_pool, lp_pool):
     _function.__doc__ = _function.__doc__.format(window=_WINDOW_PARAMETERS, raises=_RAISES)
 
 
-def max_unpool(x: ArrayLike, indices: ArrayLike, kernel_shape: Ints | None = None, *,
-               strides: Ints | None = None, pads: Ints | None = None,
-               output_shape: Ints | None = None, **unexpected) -> np.ndarray:
+def max_unpool(
+    x: ArrayLike,
+    indices: ArrayLike,
+    kernel_shape: Ints | None = None,
+    *,
+    strides: Ints | None = None,
+    pads: Ints | None = None,
+    output_shape: Ints | None = None,
+    **unexpected,
+) -> np.ndarray:
     """ONNX MaxUnpool: put each element of ``x`` back where ``indices`` says, zeros elsewhere.
 
-    Parameters
-    ----------
-    x : array_like
-        Pooled values, shape (N, C, D1, ..., Dn), float16, bfloat16, float32 or float64.
-    indices : array_like of int
-        Same shape as ``x``: offsets such as MaxPool's Indices output, addressing the default
-        output shape, whose spatial axes are ``(D - 1) * stride + kernel - pad_begin -
-        pad_end``.
-    kernel_shape, strides, pads : sequence of int
-        The attributes of the MaxPool being inverted.
-    output_shape : sequence of int, optional
-        Full output shape (N, C, ...). The indices still address the default shape, and
-        the result is placed at the origin of this output.
+        Parameters
+        ----------
+        x : array_like
+            Pooled values, shape (N, C, D1, ..., Dn), float16, bfloat16, float32 or float64.
+        indices : array_like of int
+            Same shape as ``x``: offsets such as MaxPool's Indices output, addressing the default
+            output shape, whose spatial axes are ``(D - 1) * stride + kernel - pad_begin -
+            pad_end``.
+        kernel_shape, strides, pads : sequence of int
+            The attributes of the MaxPool being inverted.
+        output_shape : sequence of int, optional
+            Full output shape (N, C, ...). The indices still address the default shape, and
+            the result is placed at the origin of this output.
 
-    Returns
-    -------
-    Y : ndarray
-        The dtype of ``x``. Where two indices coincide, the later element (row-major) wins.
+        Returns
+        -------
+        Y : ndarray
+            The dtype of ``x``. Where two indices coincide, the later element (row-major) wins.
 
-{raises}
-        Also if ``indices`` has another shape than ``x``, or holds an offset outside the
-        default output or a position outside ``output_shape``.
+    {raises}
+            Also if ``indices`` has another shape than ``x``, or holds an offset outside the
+            default output or a position outside ``output_shape``.
 
-    Examples
-    --------
-    >>> import numpy as np, numbapool
-    >>> x = np.array([[[[1.0, 2.0], [3.0, 4.0]]]], dtype=np.float32)
-    >>> i = np.array([[[[5, 7], [13, 15]]]])
-    >>> numbapool.max_unpool(x, i, [2, 2], strides=[2, 2])[0, 0]
-    array([[0., 0., 0., 0.],
-           [0., 1., 0., 2.],
-           [0., 0., 0., 0.],
-           [0., 3., 0., 4.]], dtype=float32)
+        Examples
+        --------
+        >>> import numpy as np, numbapool
+        >>> x = np.array([[[[1.0, 2.0], [3.0, 4.0]]]], dtype=np.float32)
+        >>> i = np.array([[[[5, 7], [13, 15]]]])
+        >>> numbapool.max_unpool(x, i, [2, 2], strides=[2, 2])[0, 0]
+        array([[0., 0., 0., 0.],
+               [0., 1., 0., 2.],
+               [0., 0., 0., 0.],
+               [0., 3., 0., 4.]], dtype=float32)
     """
     x = _as_array(x)
     indices = _as_array(indices)

@@ -8,8 +8,20 @@ import platform
 import sys
 
 # CPU features that decide how fast the kernels run: vector width and 16-bit float decoding.
-_CPU_FEATURES = ("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
-                 "avx512fp16", "avx512bf16", "neon", "sve")
+_CPU_FEATURES = (
+    "sse4.2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512fp16",
+    "avx512bf16",
+    "neon",
+    "sve",
+)
 
 
 def info() -> dict:
@@ -61,8 +73,9 @@ def _print_info(as_json: bool) -> None:
 def main(argv=None) -> int:
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="numbapool",
-                                     description="numbapool's commands: info, warmup, bench.")
+    parser = argparse.ArgumentParser(
+        prog="numbapool", description="numbapool's commands: info, warmup, bench."
+    )
     parser.add_argument("--version", action="version", version=f"numbapool {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="{info,warmup,bench}")
     info_parser = commands.add_parser("info", help="versions, threads, cache, CPU features")
@@ -70,15 +83,27 @@ def main(argv=None) -> int:
     warm = commands.add_parser("warmup", help="compile kernels now, with a progress bar")
     warm.add_argument("--ops", nargs="+", metavar="OP", help="ONNX operator names (default all)")
     warm.add_argument("--dtypes", nargs="+", metavar="DTYPE", help="dtype names (default all)")
-    warm.add_argument("--processes", type=int, metavar="N",
-                      help="worker processes compiling at once (default one per CPU, at most 8)")
-    warm.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                      help="draw a progress bar (default: when stderr is a terminal)")
-    commands.add_parser("bench", add_help=False,
-                        help="side-by-side timing against onnxruntime, torch, OpenVINO and JAX")
+    warm.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="worker processes compiling at once (default one per CPU, at most 8)",
+    )
+    warm.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="draw a progress bar (default: when stderr is a terminal)",
+    )
+    commands.add_parser(
+        "bench",
+        add_help=False,
+        help="side-by-side timing against onnxruntime, torch, OpenVINO and JAX",
+    )
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if args.command == "bench":
         from . import _bench
+
         return _bench.main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -87,10 +112,12 @@ def main(argv=None) -> int:
         return 0
     if args.command == "warmup":
         import numbapool
+
         try:
             # the kernels into the disk cache only: this process exits next
-            done = numbapool.warmup(args.ops, args.dtypes, progress=args.progress,
-                                     processes=args.processes, load=False)
+            done = numbapool.warmup(
+                args.ops, args.dtypes, progress=args.progress, processes=args.processes, load=False
+            )
         except ValueError as error:
             parser.error(str(error))
         print(f"{len(done)} operator and dtype pairs ready")

@@ -71,9 +71,16 @@ def _onnx_model(case: Case, x: np.ndarray) -> bytes:
     outputs = ["y", "indices"] if case.return_indices else ["y"]
     node = helper.make_node(case.op, ["x"], outputs, **case.attrs)
     graph = helper.make_graph(
-        [node], "bench", [helper.make_tensor_value_info("x", element, x.shape)],
-        [helper.make_tensor_value_info(name, element if name == "y" else onnx.TensorProto.INT64,
-                                       None) for name in outputs])
+        [node],
+        "bench",
+        [helper.make_tensor_value_info("x", element, x.shape)],
+        [
+            helper.make_tensor_value_info(
+                name, element if name == "y" else onnx.TensorProto.INT64, None
+            )
+            for name in outputs
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
     model.ir_version = 10
     return model.SerializeToString()
@@ -84,15 +91,16 @@ def _onnxruntime_runner(case: Case, x: np.ndarray, threads: int):
 
     model = _onnx_model(case, x)
     runners = []
-    for level in (ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-                  ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+    for level in (
+        ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    ):
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = level
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = ort.InferenceSession(model, options,
-                                       providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
         feed = {"x": x}
         runners.append(lambda session=session, feed=feed: session.run(None, feed))
     for session_call in runners:
@@ -123,8 +131,9 @@ def _torch_runner(case: Case, x: np.ndarray, threads: int):
     if case.op == "MaxPool":
         function = getattr(F, f"max_pool{rank}d")
         dilation = attrs.get("dilations", [1] * rank)
-        return lambda: function(tensor, kernel, strides, padding, dilation,
-                                return_indices=case.return_indices)
+        return lambda: function(
+            tensor, kernel, strides, padding, dilation, return_indices=case.return_indices
+        )
     if case.op == "AveragePool":
         function = getattr(F, f"avg_pool{rank}d")
         include = bool(attrs.get("count_include_pad", 0))
@@ -138,9 +147,11 @@ def _openvino_runner(case: Case, x: np.ndarray, threads: int):
     core = ov.Core()
     model = core.read_model(_onnx_model(case, x), b"")  # the same model onnxruntime runs
     # f32 inference: the CPU plugin's default precision on bf16-capable CPUs is bf16
-    compiled = core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads,
-                                                 "NUM_STREAMS": 1,
-                                                 "INFERENCE_PRECISION_HINT": "f32"})
+    compiled = core.compile_model(
+        model,
+        "CPU",
+        {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32"},
+    )
     request = compiled.create_infer_request()
     feed = {0: x}
     return lambda: request.infer(feed, share_inputs=True)
@@ -177,14 +188,27 @@ def _jax_runner(case: Case, x: np.ndarray, threads: int):
         dilation = (1, 1, *attrs.get("dilations", [1] * rank))
 
         def window_sum(a):
-            return lax.reduce_window(a, jnp.zeros((), a.dtype), lax.add, window, strides,
-                                     padding, window_dilation=dilation)
+            return lax.reduce_window(
+                a,
+                jnp.zeros((), a.dtype),
+                lax.add,
+                window,
+                strides,
+                padding,
+                window_dilation=dilation,
+            )
 
         if case.op == "MaxPool":
             lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-            function = lambda a: lax.reduce_window(a, jnp.array(lowest, a.dtype), lax.max,
-                                                   window, strides, padding,
-                                                   window_dilation=dilation)
+            function = lambda a: lax.reduce_window(
+                a,
+                jnp.array(lowest, a.dtype),
+                lax.max,
+                window,
+                strides,
+                padding,
+                window_dilation=dilation,
+            )
         elif case.op == "AveragePool":
             if attrs.get("count_include_pad", 0):
                 count = np.prod(attrs["kernel_shape"])
@@ -204,8 +228,12 @@ def _jax_runner(case: Case, x: np.ndarray, threads: int):
     return lambda: compiled(on_device, *constants).block_until_ready()
 
 
-PEERS = {"onnxruntime": _onnxruntime_runner, "torch": _torch_runner,
-         "openvino": _openvino_runner, "jax": _jax_runner}
+PEERS = {
+    "onnxruntime": _onnxruntime_runner,
+    "torch": _torch_runner,
+    "openvino": _openvino_runner,
+    "jax": _jax_runner,
+}
 
 
 def _peer_runners(case: Case, x: np.ndarray, threads: int) -> dict:
@@ -271,7 +299,7 @@ def measure(case: Case, threads: int, rounds: int, copy) -> dict:
     times = {name: [] for name in engines}
     order = list(engines)
     for r in range(rounds):
-        for name in order[r % len(order):] + order[:r % len(order)]:  # rotate who goes first
+        for name in order[r % len(order) :] + order[: r % len(order)]:  # rotate who goes first
             times[name].append(_timed_block(engines[name]))
     return summarize(case.name, times, bytes_moved, copy_bytes)
 
@@ -284,18 +312,24 @@ def summarize(case_name: str, times: dict, bytes_moved: int, copy_bytes: int) ->
     ratios, so that a noisy round slows both sides of a ratio."""
     times = dict(times)
     copies = times.pop("copy")
-    row = {"case": case_name, "bytes": bytes_moved,
-           "copy GB/s": statistics.median(copy_bytes / t for t in copies) / 1e9}
+    row = {
+        "case": case_name,
+        "bytes": bytes_moved,
+        "copy GB/s": statistics.median(copy_bytes / t for t in copies) / 1e9,
+    }
     for name, samples in times.items():
         row[f"{name} ms"] = 1e3 * statistics.median(samples)
     peers = [name for name in times if name != "numbapool"]
-    ratios = {name: statistics.median(a / b for a, b in zip(times["numbapool"], times[name]))
-              for name in peers}
+    ratios = {
+        name: statistics.median(a / b for a, b in zip(times["numbapool"], times[name]))
+        for name in peers
+    }
     # the best peer is the fastest one: the largest numbapool / peer ratio
     row["vs best peer"] = max(ratios.values()) if ratios else None
     row["best peer"] = max(ratios, key=ratios.get) if ratios else None
     row["vs roofline"] = statistics.median(
-        t * copy_bytes / (c * bytes_moved) for t, c in zip(times["numbapool"], copies))
+        t * copy_bytes / (c * bytes_moved) for t, c in zip(times["numbapool"], copies)
+    )
     return row
 
 
@@ -303,21 +337,28 @@ def format_table(rows: list, threads: int, cores: str = "") -> str:
     """One column per engine in PEERS (n/a where it is not installed or cannot run the
     case); the ratio is to the fastest peer of each row; the copy's speed in that row's
     rounds, which its roofline ratio is to. ``cores`` is describe_cores' text."""
+
     def cell(value, digits=3):
         return "n/a" if value is None else f"{value:.{digits}f}"
 
     engines = ["numbapool", *PEERS]
     speeds = [row["copy GB/s"] for row in rows]
-    lines = [f"threads: {threads}; {cores + '; ' if cores else ''}streaming copy: "
-             f"{min(speeds):.1f} to {max(speeds):.1f} GB/s (the rows' medians)", "",
-             "| case | " + " | ".join(f"{name} ms" for name in engines)
-             + " | best peer | numbapool / best peer | copy GB/s | numbapool / roofline |",
-             "| --- |" + " ---: |" * len(engines) + " --- | ---: | ---: | ---: |"]
+    lines = [
+        f"threads: {threads}; {cores + '; ' if cores else ''}streaming copy: "
+        f"{min(speeds):.1f} to {max(speeds):.1f} GB/s (the rows' medians)",
+        "",
+        "| case | "
+        + " | ".join(f"{name} ms" for name in engines)
+        + " | best peer | numbapool / best peer | copy GB/s | numbapool / roofline |",
+        "| --- |" + " ---: |" * len(engines) + " --- | ---: | ---: | ---: |",
+    ]
     for row in rows:
         lines.append(
-            f"| {row['case']} | " + " | ".join(cell(row.get(f"{name} ms")) for name in engines)
+            f"| {row['case']} | "
+            + " | ".join(cell(row.get(f"{name} ms")) for name in engines)
             + f" | {row['best peer'] or 'n/a'} | {cell(row['vs best peer'], 2)} "
-            f"| {cell(row['copy GB/s'], 1)} | {cell(row['vs roofline'], 2)} |")
+            f"| {cell(row['copy GB/s'], 1)} | {cell(row['vs roofline'], 2)} |"
+        )
     return "\n".join(lines)
 
 
@@ -330,10 +371,13 @@ def plot(rows: list, path: str) -> None:
     names = [row["case"] for row in rows]
     fig, ax = plt.subplots(figsize=(9, 4.5))
     positions = np.arange(len(rows))
-    ax.bar(positions - 0.2, [row["vs best peer"] or np.nan for row in rows], 0.4,
-           label="numbapool / best peer")
-    ax.bar(positions + 0.2, [row["vs roofline"] for row in rows], 0.4,
-           label="numbapool / roofline")
+    ax.bar(
+        positions - 0.2,
+        [row["vs best peer"] or np.nan for row in rows],
+        0.4,
+        label="numbapool / best peer",
+    )
+    ax.bar(positions + 0.2, [row["vs roofline"] for row in rows], 0.4, label="numbapool / roofline")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")
     ax.set_xticks(positions, names, rotation=45, ha="right")
@@ -368,10 +412,13 @@ def arithmetic_calls() -> list:
     as little."""
     values = np.random.default_rng(0).random((64, 4096)) + 1.0
     out = np.empty_like(values)
-    return [(name, values.size, lambda kernel=kernel: kernel(values, out))
-            for name, kernel in (("float64 square roots (no pooling)", _square_roots),
-                                 ("8 chained products and sums (no pooling)",
-                                  _products_and_sums))]
+    return [
+        (name, values.size, lambda kernel=kernel: kernel(values, out))
+        for name, kernel in (
+            ("float64 square roots (no pooling)", _square_roots),
+            ("8 chained products and sums (no pooling)", _products_and_sums),
+        )
+    ]
 
 
 def _timed_at_counts(call, counts: list, rounds: int) -> dict:
@@ -380,7 +427,7 @@ def _timed_at_counts(call, counts: list, rounds: int) -> dict:
     count is left at the last of ``counts``."""
     times = {count: [] for count in counts}
     for r in range(rounds):
-        for count in counts[r % len(counts):] + counts[:r % len(counts)]:
+        for count in counts[r % len(counts) :] + counts[: r % len(counts)]:
             numba.set_num_threads(count)
             times[count].append(_timed_block(call))
     numba.set_num_threads(counts[-1])
@@ -401,11 +448,14 @@ def scaling(threads: int, rounds: int, cores: str = "", cases=SCALING_CASES) -> 
     time per million input elements; then the same for plain arithmetic
     (arithmetic_calls)."""
     counts = thread_ladder(threads)
-    lines = [f"threads: {', '.join(map(str, counts))}{'; ' + cores if cores else ''}", "",
-             "| case | input elements | "
-             + " | ".join(f"{c} thread{'s' if c > 1 else ''} ms" for c in counts)
-             + f" | speedup at {threads} | {threads} threads ms per million elements |",
-             "| --- | ---: |" + " ---: |" * len(counts) + " ---: | ---: |"]
+    lines = [
+        f"threads: {', '.join(map(str, counts))}{'; ' + cores if cores else ''}",
+        "",
+        "| case | input elements | "
+        + " | ".join(f"{c} thread{'s' if c > 1 else ''} ms" for c in counts)
+        + f" | speedup at {threads} | {threads} threads ms per million elements |",
+        "| --- | ---: |" + " ---: |" * len(counts) + " ---: | ---: |",
+    ]
     calls = []
     for case in cases:
         x = make_input(case.shape, case.dtype, case.data)
@@ -417,8 +467,11 @@ def scaling(threads: int, rounds: int, cores: str = "", cases=SCALING_CASES) -> 
         times = _timed_at_counts(call, counts, rounds)
         speedup = statistics.median(a / b for a, b in zip(times[1], times[threads]))
         medians = [1e3 * statistics.median(times[c]) for c in counts]
-        lines.append(f"| {name} | {size} | " + " | ".join(f"{m:.3f}" for m in medians)
-                     + f" | {speedup:.2f} | {medians[-1] / (size / 1e6):.3f} |")
+        lines.append(
+            f"| {name} | {size} | "
+            + " | ".join(f"{m:.3f}" for m in medians)
+            + f" | {speedup:.2f} | {medians[-1] / (size / 1e6):.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -428,11 +481,13 @@ def start_busy(cores: list) -> list:
     import subprocess
     import sys
 
-    script = ("import os, sys\n"
-              "if hasattr(os, 'sched_setaffinity'):\n"
-              "    os.sched_setaffinity(0, {int(sys.argv[1])})\n"
-              "while True:\n"
-              "    pass\n")
+    script = (
+        "import os, sys\n"
+        "if hasattr(os, 'sched_setaffinity'):\n"
+        "    os.sched_setaffinity(0, {int(sys.argv[1])})\n"
+        "while True:\n"
+        "    pass\n"
+    )
     return [subprocess.Popen([sys.executable, "-c", script, str(core)]) for core in cores]
 
 
@@ -443,18 +498,21 @@ def stop_busy(processes: list) -> None:
         process.wait()
 
 
-def under_load(threads: int, busy_cores: list, rounds: int, cases=CASES,
-               cores: str = "") -> str:
+def under_load(threads: int, busy_cores: list, rounds: int, cases=CASES, cores: str = "") -> str:
     """Each case's numbapool call at ``threads`` threads and at 1 thread, interleaved round
     by round, on a quiet machine and with a busy process spinning on each core of
     ``busy_cores``: times per call (medians) and the ratio N threads / 1 thread (the median
     of the per-round ratios)."""
     from . import _threads
 
-    lines = ["", "", f"| case | quiet {threads} threads ms | quiet 1 thread ms "
-             f"| quiet {threads} / 1 | busy {threads} threads ms | busy 1 thread ms "
-             f"| busy {threads} / 1 |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "",
+        "",
+        f"| case | quiet {threads} threads ms | quiet 1 thread ms "
+        f"| quiet {threads} / 1 | busy {threads} threads ms | busy 1 thread ms "
+        f"| busy {threads} / 1 |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for case in cases:
         x = make_input(case.shape, case.dtype, case.data)
         call = runner(case, x)
@@ -467,13 +525,18 @@ def under_load(threads: int, busy_cores: list, rounds: int, cases=CASES,
             finally:
                 stop_busy(processes)
             ratio = statistics.median(a / b for a, b in zip(times[threads], times[1]))
-            cells += [f"{1e3 * statistics.median(times[threads]):.3f}",
-                      f"{1e3 * statistics.median(times[1]):.3f}", f"{ratio:.2f}"]
+            cells += [
+                f"{1e3 * statistics.median(times[threads]):.3f}",
+                f"{1e3 * statistics.median(times[1]):.3f}",
+                f"{ratio:.2f}",
+            ]
         lines.append(f"| {case.name} | " + " | ".join(cells) + " |")
         print(f"  {case.name}: done", flush=True)
-    lines[0] = (f"threads: {threads}; {cores + '; ' if cores else ''}threading layer: "
-                f"{_threads.threading_layer()}; busy: one spinning process on each of cores "
-                f"{', '.join(map(str, busy_cores))}")
+    lines[0] = (
+        f"threads: {threads}; {cores + '; ' if cores else ''}threading layer: "
+        f"{_threads.threading_layer()}; busy: one spinning process on each of cores "
+        f"{', '.join(map(str, busy_cores))}"
+    )
     return "\n".join(lines)
 
 
@@ -486,19 +549,19 @@ FIRST_CALLS = {
     "MaxPool 3x3 float16": "numbapool.max_pool(x.astype(np.float16), [3, 3], strides=[2, 2])",
     "MaxPool 3x3 uint8": "numbapool.max_pool((x * 40).astype(np.uint8), [3, 3])",
     "MaxPool 3x3x3 (3-D)": "numbapool.max_pool(x.reshape(2, 16, 16, 24, 24), [3, 3, 3], "
-                           "strides=[2, 2, 2])",
+    "strides=[2, 2, 2])",
     "MaxPool with Indices": "numbapool.max_pool(x, [3, 3], strides=[2, 2], return_indices=True)",
     "AveragePool 3x3": "numbapool.average_pool(x, [3, 3], pads=[1, 1, 1, 1])",
     "AveragePool 5x5": "numbapool.average_pool(x, [5, 5], pads=[2, 2, 2, 2])",
     "AveragePool 2x2 s2 float64": "numbapool.average_pool(x.astype(np.float64), [2, 2], "
-                                  "strides=[2, 2])",
+    "strides=[2, 2])",
     "LpPool p=3": "numbapool.lp_pool(x, [3, 3], p=3)",
     "LpPool 2x2 s2 p=3": "numbapool.lp_pool(x, [2, 2], strides=[2, 2], p=3)",
     "GlobalMaxPool": "numbapool.global_max_pool(x)",
     "GlobalAveragePool": "numbapool.global_average_pool(x)",
     "GlobalLpPool": "numbapool.global_lp_pool(x)",
     "MaxUnpool": "numbapool.max_unpool(x, np.arange(x.size).reshape(x.shape), [2, 2], "
-                 "strides=[2, 2])",
+    "strides=[2, 2])",
 }
 
 
@@ -508,8 +571,7 @@ def _fresh_process(cache_dir: str, script: str) -> str:
     import sys
 
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                            text=True)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     if result.returncode:
         raise RuntimeError(f"a fresh process failed:\n{result.stderr[-2000:]}")
     return result.stdout
@@ -518,8 +580,14 @@ def _fresh_process(cache_dir: str, script: str) -> str:
 def _cache_megabytes(cache_dir: str) -> float:
     import os
 
-    return sum(os.path.getsize(os.path.join(d, name)) for d, _, names in os.walk(cache_dir)
-               for name in names) / 1e6
+    return (
+        sum(
+            os.path.getsize(os.path.join(d, name))
+            for d, _, names in os.walk(cache_dir)
+            for name in names
+        )
+        / 1e6
+    )
 
 
 def first_call(calls=None, warmup: bool = True) -> str:
@@ -529,12 +597,16 @@ def first_call(calls=None, warmup: bool = True) -> str:
     kernel the dispatcher chooses, in one dtype), likewise."""
     import tempfile
 
-    script = ("import time; t = time.perf_counter(); import numpy as np, numbapool; "
-              f"i = time.perf_counter() - t; x = {FIRST_CALL_INPUT}; t = time.perf_counter(); "
-              "{call}; print(i, time.perf_counter() - t)")
-    lines = ["| first call, fresh process | import s (empty / warm) | first call s, empty cache "
-             "| cache MB | first call s, warm cache | cache MB |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    script = (
+        "import time; t = time.perf_counter(); import numpy as np, numbapool; "
+        f"i = time.perf_counter() - t; x = {FIRST_CALL_INPUT}; t = time.perf_counter(); "
+        "{call}; print(i, time.perf_counter() - t)"
+    )
+    lines = [
+        "| first call, fresh process | import s (empty / warm) | first call s, empty cache "
+        "| cache MB | first call s, warm cache | cache MB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for name in calls or FIRST_CALLS:
         with tempfile.TemporaryDirectory() as cache_dir:
             runs = []
@@ -542,56 +614,93 @@ def first_call(calls=None, warmup: bool = True) -> str:
                 out = _fresh_process(cache_dir, script.format(call=FIRST_CALLS[name]))
                 runs.append([float(v) for v in out.split()[-2:]] + [_cache_megabytes(cache_dir)])
         (cold_import, cold, cold_mb), (warm_import, warm, warm_mb) = runs
-        lines.append(f"| {name} | {cold_import:.2f} / {warm_import:.2f} | {cold:.2f} "
-                     f"| {cold_mb:.1f} | {warm:.3f} | {warm_mb:.1f} |")
+        lines.append(
+            f"| {name} | {cold_import:.2f} / {warm_import:.2f} | {cold:.2f} "
+            f"| {cold_mb:.1f} | {warm:.3f} | {warm_mb:.1f} |"
+        )
         print(f"  first call {name}: done", flush=True)
     if warmup:
-        script = ("import time; t = time.perf_counter(); import numbapool; "
-                  "numbapool.warmup(dtypes=['float32'], progress=False); "
-                  "print(time.perf_counter() - t)")
+        script = (
+            "import time; t = time.perf_counter(); import numbapool; "
+            "numbapool.warmup(dtypes=['float32'], progress=False); "
+            "print(time.perf_counter() - t)"
+        )
         with tempfile.TemporaryDirectory() as cache_dir:
             runs = []
             for _ in range(2):
-                runs.append((float(_fresh_process(cache_dir, script).split()[-1]),
-                             _cache_megabytes(cache_dir)))
-        lines.append(f"| warmup, every operator in float32 (import included) | | {runs[0][0]:.1f} "
-                     f"| {runs[0][1]:.1f} | {runs[1][0]:.2f} | {runs[1][1]:.1f} |")
+                runs.append(
+                    (
+                        float(_fresh_process(cache_dir, script).split()[-1]),
+                        _cache_megabytes(cache_dir),
+                    )
+                )
+        lines.append(
+            f"| warmup, every operator in float32 (import included) | | {runs[0][0]:.1f} "
+            f"| {runs[0][1]:.1f} | {runs[1][0]:.2f} | {runs[1][1]:.1f} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m numbapool bench",
-                                     description=__doc__.split("\n\n")[0].replace("``", ""))
+    parser = argparse.ArgumentParser(
+        prog="python -m numbapool bench", description=__doc__.split("\n\n")[0].replace("``", "")
+    )
     parser.add_argument("--quick", action="store_true", help="fewer rounds (5 instead of 25)")
-    parser.add_argument("--rounds", type=int, metavar="N",
-                        help="this many rounds (default 25, or 5 with --quick)")
-    parser.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS,
-                        help="threads for numbapool and every peer, the process held to "
-                             "that many cores (default NUMBA_NUM_THREADS)")
-    parser.add_argument("--cases", nargs="+", metavar="NAME",
-                        help="only these cases: " + ", ".join(repr(c.name) for c in CASES))
+    parser.add_argument(
+        "--rounds", type=int, metavar="N", help="this many rounds (default 25, or 5 with --quick)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=numba.config.NUMBA_NUM_THREADS,
+        help="threads for numbapool and every peer, the process held to "
+        "that many cores (default NUMBA_NUM_THREADS)",
+    )
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        metavar="NAME",
+        help="only these cases: " + ", ".join(repr(c.name) for c in CASES),
+    )
     parser.add_argument("--plot", metavar="PNG", help="also draw the ratios into this file")
-    parser.add_argument("--scaling", action="store_true",
-                        help="instead: numbapool at 1, 2, 4, ... and N threads, over sizes "
-                             "(or the cases named), beside plain arithmetic")
-    parser.add_argument("--first-call", action="store_true",
-                        help="instead: each operator's first call in fresh processes, on an "
-                             "empty and a warm cache, and warmup of float32")
-    parser.add_argument("--busy", nargs="+", type=int, metavar="CORE",
-                        help="instead: each case at N threads and at 1 thread, quiet and "
-                             "with a process spinning on each CORE named (0-based)")
-    parser.add_argument("--dask", action="store_true",
-                        help="instead: numbapool.dask on a local cluster, an input several "
-                             "times the workers' memory, and the overhead on one that fits")
+    parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="instead: numbapool at 1, 2, 4, ... and N threads, over sizes "
+        "(or the cases named), beside plain arithmetic",
+    )
+    parser.add_argument(
+        "--first-call",
+        action="store_true",
+        help="instead: each operator's first call in fresh processes, on an "
+        "empty and a warm cache, and warmup of float32",
+    )
+    parser.add_argument(
+        "--busy",
+        nargs="+",
+        type=int,
+        metavar="CORE",
+        help="instead: each case at N threads and at 1 thread, quiet and "
+        "with a process spinning on each CORE named (0-based)",
+    )
+    parser.add_argument(
+        "--dask",
+        action="store_true",
+        help="instead: numbapool.dask on a local cluster, an input several "
+        "times the workers' memory, and the overhead on one that fits",
+    )
     args = parser.parse_args(argv)
     rounds = args.rounds or (5 if args.quick else 25)
     if args.rounds is not None and args.rounds < 1:
         parser.error(f"--rounds: need at least 1 round, got {args.rounds}")
     if not 1 <= args.threads <= numba.config.NUMBA_NUM_THREADS:
-        parser.error(f"--threads: between 1 and {numba.config.NUMBA_NUM_THREADS} "
-                     f"(NUMBA_NUM_THREADS), got {args.threads}")
+        parser.error(
+            f"--threads: between 1 and {numba.config.NUMBA_NUM_THREADS} "
+            f"(NUMBA_NUM_THREADS), got {args.threads}"
+        )
     if args.dask:
         from ._bench_dask import dask_report
+
         print(dask_report())
         return 0
     if args.first_call:
@@ -611,12 +720,17 @@ def main(argv=None) -> int:
     if args.busy:
         import os
 
-        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(
-            os.cpu_count() or 1)
+        cores = (
+            os.sched_getaffinity(0)
+            if hasattr(os, "sched_getaffinity")
+            else range(os.cpu_count() or 1)
+        )
         outside = [core for core in args.busy if core not in cores]
         if outside:
-            parser.error(f"--busy: core {outside[0]} is not one this process may use "
-                         f"({', '.join(map(str, sorted(cores)))})")
+            parser.error(
+                f"--busy: core {outside[0]} is not one this process may use "
+                f"({', '.join(map(str, sorted(cores)))})"
+            )
         pinned = describe_cores(pin_to_cores(args.threads, first=args.busy))
         numba.set_num_threads(args.threads)
         print(under_load(args.threads, args.busy, rounds, cases, pinned))

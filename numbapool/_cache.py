@@ -26,8 +26,19 @@ except ImportError:  # Windows: saves go unlocked, as numba's own do
     fcntl = None
 
 KERNEL_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kernels")
-_KERNEL_MODULES = ("maxima", "indexed", "sums", "fixed", "columns", "planes", "max_planes",
-                   "wide", "global_", "unpool", "parallel")
+_KERNEL_MODULES = (
+    "maxima",
+    "indexed",
+    "sums",
+    "fixed",
+    "columns",
+    "planes",
+    "max_planes",
+    "wide",
+    "global_",
+    "unpool",
+    "parallel",
+)
 
 
 def _writable(path: str) -> str | None:
@@ -55,8 +66,12 @@ def _locate() -> tuple[str | None, str | None]:
 
 CACHE_DIRECTORY, CACHE_PROBLEM = _locate()
 if CACHE_PROBLEM is not None:
-    warnings.warn(f"numbapool: compiled kernels will not be cached on disk ({CACHE_PROBLEM}); "
-                  "every process compiles them again", RuntimeWarning, stacklevel=2)
+    warnings.warn(
+        f"numbapool: compiled kernels will not be cached on disk ({CACHE_PROBLEM}); "
+        "every process compiles them again",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 def cache_contents() -> dict[str, dict]:

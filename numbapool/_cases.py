@@ -20,30 +20,79 @@ class Case:
 
 
 CASES = [
-    Case("resnet stem", "MaxPool", (8, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
-    Case("resnet stem relu", "MaxPool", (8, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2],
-                                                                pads=[1, 1, 1, 1]), data="relu"),
+    Case(
+        "resnet stem",
+        "MaxPool",
+        (8, 64, 112, 112),
+        dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+    ),
+    Case(
+        "resnet stem relu",
+        "MaxPool",
+        (8, 64, 112, 112),
+        dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        data="relu",
+    ),
     Case("vgg", "MaxPool", (8, 128, 112, 112), dict(kernel_shape=[2, 2], strides=[2, 2])),
-    Case("with indices", "MaxPool", (8, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
-         return_indices=True),
-    Case("inception", "AveragePool", (8, 64, 56, 56), dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1],
-                                                           count_include_pad=0)),
+    Case(
+        "with indices",
+        "MaxPool",
+        (8, 64, 112, 112),
+        dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        return_indices=True,
+    ),
+    Case(
+        "inception",
+        "AveragePool",
+        (8, 64, 56, 56),
+        dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=0),
+    ),
     Case("densenet", "AveragePool", (8, 128, 56, 56), dict(kernel_shape=[2, 2], strides=[2, 2])),
-    Case("lp", "LpPool", (8, 64, 56, 56), dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], p=2)),
+    Case(
+        "lp",
+        "LpPool",
+        (8, 64, 56, 56),
+        dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], p=2),
+    ),
     Case("lp p=3", "LpPool", (8, 64, 56, 56), dict(kernel_shape=[2, 2], strides=[2, 2], p=3)),
     Case("global avg", "GlobalAveragePool", (32, 2048, 7, 7)),
     Case("global avg long", "GlobalAveragePool", (4, 256, 56, 56)),
     Case("global avg big planes", "GlobalAveragePool", (1, 256, 112, 112)),
     Case("global max", "GlobalMaxPool", (32, 2048, 7, 7)),
-    Case("3-d", "MaxPool", (2, 32, 16, 56, 56), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),
+    Case(
+        "3-d",
+        "MaxPool",
+        (2, 32, 16, 56, 56),
+        dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6),
+    ),
     Case("1-d", "AveragePool", (16, 64, 16000), dict(kernel_shape=[4], strides=[4])),
-    Case("1-d with indices", "MaxPool", (16, 64, 16000), dict(kernel_shape=[3], strides=[2]),
-         return_indices=True),
-    Case("uint8", "MaxPool", (8, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2]), dtype="uint8"),
-    Case("float64", "MaxPool", (4, 64, 112, 112), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
-         dtype="float64"),
-    Case("big kernel", "AveragePool", (4, 32, 128, 128), dict(kernel_shape=[9, 9], strides=[1, 1], pads=[4] * 4,
-                                                              count_include_pad=1)),
+    Case(
+        "1-d with indices",
+        "MaxPool",
+        (16, 64, 16000),
+        dict(kernel_shape=[3], strides=[2]),
+        return_indices=True,
+    ),
+    Case(
+        "uint8",
+        "MaxPool",
+        (8, 64, 112, 112),
+        dict(kernel_shape=[3, 3], strides=[2, 2]),
+        dtype="uint8",
+    ),
+    Case(
+        "float64",
+        "MaxPool",
+        (4, 64, 112, 112),
+        dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        dtype="float64",
+    ),
+    Case(
+        "big kernel",
+        "AveragePool",
+        (4, 32, 128, 128),
+        dict(kernel_shape=[9, 9], strides=[1, 1], pads=[4] * 4, count_include_pad=1),
+    ),
     Case("dilated", "MaxPool", (4, 32, 64, 64), dict(kernel_shape=[3, 3], dilations=[2, 2])),
     Case("tiny", "MaxPool", (1, 3, 8, 8), dict(kernel_shape=[2, 2], strides=[2, 2])),
 ]
@@ -54,7 +103,9 @@ CASES_BY_NAME = {case.name: case for case in CASES}
 _STEM = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
 SCALING_CASES = [
     Case("N*C = 1", "MaxPool", (1, 1, 2048, 2048), _STEM),
-    Case("lp p=3 3x3", "LpPool", (8, 64, 56, 56), dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], p=3)),
+    Case(
+        "lp p=3 3x3", "LpPool", (8, 64, 56, 56), dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], p=3)
+    ),
     CASES_BY_NAME["big kernel"],
     Case("resnet stem N=2", "MaxPool", (2, 64, 112, 112), _STEM),
     Case("resnet stem N=4", "MaxPool", (4, 64, 112, 112), _STEM),
@@ -93,14 +144,17 @@ def runner(case: Case, x: np.ndarray):
 
     attrs = dict(case.attrs)
     if case.op.startswith("Global"):
-        function = {"GlobalAveragePool": numbapool.global_average_pool,
-                    "GlobalMaxPool": numbapool.global_max_pool,
-                    "GlobalLpPool": numbapool.global_lp_pool}[case.op]
+        function = {
+            "GlobalAveragePool": numbapool.global_average_pool,
+            "GlobalMaxPool": numbapool.global_max_pool,
+            "GlobalLpPool": numbapool.global_lp_pool,
+        }[case.op]
         return functools.partial(function, x, **attrs)
     kernel_shape = attrs.pop("kernel_shape")
     if case.op == "MaxPool":
-        return functools.partial(numbapool.max_pool, x, kernel_shape,
-                                 return_indices=case.return_indices, **attrs)
+        return functools.partial(
+            numbapool.max_pool, x, kernel_shape, return_indices=case.return_indices, **attrs
+        )
     function = {"AveragePool": numbapool.average_pool, "LpPool": numbapool.lp_pool}[case.op]
     return functools.partial(function, x, kernel_shape, **attrs)
 

@@ -62,26 +62,39 @@ _GLOBAL_RUNS_PER_THREAD = 8
 
 # GlobalMaxPool compares floats through their bit patterns as signed integers.
 _SIGNED_BITS = {2: np.dtype(np.int16), 4: np.dtype(np.int32), 8: np.dtype(np.int64)}
-_INF_BITS = {np.dtype(np.float16): 0x7C00, BFLOAT16: 0x7F80, np.dtype(np.float32): 0x7F800000,
-             np.dtype(np.float64): 0x7FF0000000000000}
+_INF_BITS = {
+    np.dtype(np.float16): 0x7C00,
+    BFLOAT16: 0x7F80,
+    np.dtype(np.float32): 0x7F800000,
+    np.dtype(np.float64): 0x7FF0000000000000,
+}
 
 # The rank-generic kernels' entry points (the specialized ones: _specialized)
 _MAX_POOL_WITH_INDICES = EntryPoint(maxima.max_pool_units_with_indices)
 # the summing kernel per kind of p (_p_kind), AveragePool's also for windows 3 taps wide
-_SUM_POOLS = {(p_kind, three_taps): EntryPoint(sums.sum_pool_units, (p_kind, three_taps))
-              for p_kind in range(5) for three_taps in ((False, True) if p_kind == 0 else (False,))}
+_SUM_POOLS = {
+    (p_kind, three_taps): EntryPoint(sums.sum_pool_units, (p_kind, three_taps))
+    for p_kind in range(5)
+    for three_taps in ((False, True) if p_kind == 0 else (False,))
+}
 # MaxPool with Indices over 1-D and 2-D windows, per stride along the rows (1 or 2)
 _INDEXED_MAX = {step: EntryPoint(indexed.indexed_max_units, (step,)) for step in (1, 2)}
 _GLOBAL_MAX = EntryPoint(global_.global_max_units, inputs=2)  # x and its bits
 _BLOCK_SUMS = EntryPoint(global_.block_sum_units)  # GlobalAveragePool narrower than float64
 # AveragePool's and LpPool's (p = 2) 3x3 windows over small planes, per (kind of p:
 # AveragePool's 0, LpPool's 2, stride along the rows: 1 or 2)
-_PLANE_SUMS = {(p_kind, step): EntryPoint(planes.plane_sum_units, (p_kind, step))
-               for p_kind in (0, 2) for step in (1, 2)}
+_PLANE_SUMS = {
+    (p_kind, step): EntryPoint(planes.plane_sum_units, (p_kind, step))
+    for p_kind in (0, 2)
+    for step in (1, 2)
+}
 # the wide windows' kernel per (kind of p: AveragePool's 0, LpPool's 2, stride along
 # the rows: wide.COLUMN_STEPS)
-_WIDE_SUMS = {(p_kind, step): EntryPoint(wide.wide_sum_units, (p_kind, step))
-              for p_kind in (0, 2) for step in wide.COLUMN_STEPS}
+_WIDE_SUMS = {
+    (p_kind, step): EntryPoint(wide.wide_sum_units, (p_kind, step))
+    for p_kind in (0, 2)
+    for step in wide.COLUMN_STEPS
+}
 # the kernels whose units must be whole output rows
 # MaxPool's stride-1 2-D windows over small planes, with and without the retake of ties
 _MAX_PLANES = {check: EntryPoint(max_planes.max_plane_units, (check,)) for check in (False, True)}
@@ -159,20 +172,48 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
         if _indexed_window(plan) and whole_rows:
             indexed_entry = _INDEXED_MAX[plan.strides[-1]]
             rows = _rows_geometry(plan)
-            indices_arguments = (indexed_entry, (lowest_value(plan.dtype), rows["axes"],
-                                                 rows["tap_outputs"], block,
-                                                 *indexed_entry.kinds))
+            indices_arguments = (
+                indexed_entry,
+                (
+                    lowest_value(plan.dtype),
+                    rows["axes"],
+                    rows["tap_outputs"],
+                    block,
+                    *indexed_entry.kinds,
+                ),
+            )
         else:
-            indices_arguments = (_MAX_POOL_WITH_INDICES, (
-                g["tap_index_offsets"], lowest_value(plan.dtype), g["axes"], g["taps"],
-                g["tap_offsets"], g["tap_outputs"], g["lead_rows"], block, slots))
+            indices_arguments = (
+                _MAX_POOL_WITH_INDICES,
+                (
+                    g["tap_index_offsets"],
+                    lowest_value(plan.dtype),
+                    g["axes"],
+                    g["taps"],
+                    g["tap_offsets"],
+                    g["tap_outputs"],
+                    g["lead_rows"],
+                    block,
+                    slots,
+                ),
+            )
         entry = arguments = None  # without Indices: a specialized kernel (_specialized)
     else:  # AveragePool is the p_kind 0 of the summing kernel
         p_kind = _p_kind(plan.op, plan.p)
         entry = _SUM_POOLS[p_kind, p_kind == 0 and _three_taps(plan)]
-        arguments = (plan.p, _sum_zero(plan), g["axes"], g["taps"], g["tap_offsets"],
-                     g["tap_outputs"], g["lead_rows"], g["divisor_counts"], block, slots,
-                     *entry.kinds)
+        arguments = (
+            plan.p,
+            _sum_zero(plan),
+            g["axes"],
+            g["taps"],
+            g["tap_offsets"],
+            g["tap_outputs"],
+            g["lead_rows"],
+            g["divisor_counts"],
+            block,
+            slots,
+            *entry.kinds,
+        )
     special = _specialized(plan)
     if special is not None and special[0] in _ROW_KERNELS and not whole_rows:
         special = None  # the row kernels take whole output rows: parts of rows go the general way
@@ -183,8 +224,9 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
     if special is not None:
         entry, arguments = special[0], (*special[1], block, *special[0].kinds)
     rows_shape = (plan.in_shape[0] * plan.in_shape[1], math.prod(plan.spatial_in))
-    launch = plan.launches[threads] = Launch(units, chunks, entry, arguments, indices_arguments,
-                                             {}, rows_shape, _STORAGE.get(plan.dtype))
+    launch = plan.launches[threads] = Launch(
+        units, chunks, entry, arguments, indices_arguments, {}, rows_shape, _STORAGE.get(plan.dtype)
+    )
     return launch
 
 
@@ -251,28 +293,36 @@ def _plane_window(plan: WindowPlan) -> bool:
     """Whether planes.plane_sum_units serves the window: AveragePool's or LpPool's with
     p = 2, 3x3 taps, strides of 1 or 2, no dilation, pads of 0 or 1, over planes of 2x2 to
     planes.PLANE_ELEMENTS elements."""
-    return ((plan.op == "AveragePool" or (plan.op == "LpPool" and plan.p == 2.0))
-            and plan.kernel_shape == (3, 3) and max(plan.strides) <= 2
-            and plan.dilations == (1, 1)
-            and max(plan.pads_begin + plan.pads_end) <= 1 and min(plan.spatial_in) >= 2
-            and math.prod(plan.spatial_in) <= planes.PLANE_ELEMENTS)
+    return (
+        (plan.op == "AveragePool" or (plan.op == "LpPool" and plan.p == 2.0))
+        and plan.kernel_shape == (3, 3)
+        and max(plan.strides) <= 2
+        and plan.dilations == (1, 1)
+        and max(plan.pads_begin + plan.pads_end) <= 1
+        and min(plan.spatial_in) >= 2
+        and math.prod(plan.spatial_in) <= planes.PLANE_ELEMENTS
+    )
 
 
 def _max_plane_window(plan: WindowPlan) -> bool:
     """Whether max_planes.max_plane_units serves a MaxPool without Indices: 2-D, strides of
     1, a padded plane within max_planes.plane_limit."""
-    padded = [size + begin + end for size, begin, end
-              in zip(plan.spatial_in, plan.pads_begin, plan.pads_end)]
-    return (len(plan.kernel_shape) == 2 and plan.strides == (1, 1)
-            and math.prod(padded) <= max_planes.plane_limit(plan.kernel_shape, plan.dilations))
+    padded = [
+        size + begin + end
+        for size, begin, end in zip(plan.spatial_in, plan.pads_begin, plan.pads_end)
+    ]
+    return (
+        len(plan.kernel_shape) == 2
+        and plan.strides == (1, 1)
+        and math.prod(padded) <= max_planes.plane_limit(plan.kernel_shape, plan.dilations)
+    )
 
 
 def _row_window(plan: WindowPlan, steps) -> bool:
     """Whether a 2-D row kernel (wide.py, indexed.py) can serve the window: 1-D (as the
     2-D window of height 1, _rows_geometry) or 2-D, no dilation, a stride along the rows
     among ``steps``."""
-    return (len(plan.kernel_shape) <= 2 and set(plan.dilations) == {1}
-            and plan.strides[-1] in steps)
+    return len(plan.kernel_shape) <= 2 and set(plan.dilations) == {1} and plan.strides[-1] in steps
 
 
 def _rows_geometry(plan: WindowPlan) -> dict:
@@ -282,13 +332,21 @@ def _rows_geometry(plan: WindowPlan) -> dict:
     along the row the plan's own (a region's are the whole call's: _plan.region_plan)."""
     if len(plan.kernel_shape) == 2:
         return plan.geometry
-    rows = window_plan(plan.op, (*plan.in_shape[:2], 1, *plan.in_shape[2:]), plan.dtype,
-                       (1, *plan.kernel_shape), strides=(1, *plan.strides),
-                       pads=(0, *plan.pads_begin, 0, *plan.pads_end), ceil_mode=plan.ceil_mode,
-                       count_include_pad=plan.count_include_pad, p=plan.p,
-                       storage_order=plan.storage_order)
-    return rows.window_geometry(np.concatenate([rows.geometry["divisor_counts"][:1],
-                                                plan.geometry["divisor_counts"]]))
+    rows = window_plan(
+        plan.op,
+        (*plan.in_shape[:2], 1, *plan.in_shape[2:]),
+        plan.dtype,
+        (1, *plan.kernel_shape),
+        strides=(1, *plan.strides),
+        pads=(0, *plan.pads_begin, 0, *plan.pads_end),
+        ceil_mode=plan.ceil_mode,
+        count_include_pad=plan.count_include_pad,
+        p=plan.p,
+        storage_order=plan.storage_order,
+    )
+    return rows.window_geometry(
+        np.concatenate([rows.geometry["divisor_counts"][:1], plan.geometry["divisor_counts"]])
+    )
 
 
 def _wide_window(plan: WindowPlan) -> bool:
@@ -312,7 +370,7 @@ def _wide_window(plan: WindowPlan) -> bool:
 def _indexed_window(plan: WindowPlan) -> bool:
     """Whether indexed.indexed_max_units serves a MaxPool with Indices: a _row_window whose
     rows and columns int32s number."""
-    return _row_window(plan, _INDEXED_MAX) and max(plan.spatial_in) < 2 ** 31
+    return _row_window(plan, _INDEXED_MAX) and max(plan.spatial_in) < 2**31
 
 
 def _p_kind(op: str, p: float) -> int:
@@ -336,8 +394,9 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     # a small call runs on this thread: its split need not depend on the thread count
     threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
     # unpacked, not read by name: this runs on every call
-    (units, chunks, entry, arguments, indices_arguments, compiled, rows_shape,
-     storage) = _launch(plan, threads)
+    (units, chunks, entry, arguments, indices_arguments, compiled, rows_shape, storage) = _launch(
+        plan, threads
+    )
     # a view when x is C-ordered and native; otherwise one copy, which leaves x as it was
     rows_in = np.ascontiguousarray(x, plan.dtype).reshape(rows_shape)
     rows_out = y.reshape(rows_shape[0], -1)
@@ -347,8 +406,9 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
         entry, indices_rest = indices_arguments
         arguments = (indices.reshape(rows_shape[0], -1), *indices_rest)
     arguments = (rows_in, rows_out, *arguments)
-    entry_point = (compiled.get(return_indices)
-                   or compiled.setdefault(return_indices, entry.compile(arguments)))
+    entry_point = compiled.get(return_indices) or compiled.setdefault(
+        return_indices, entry.compile(arguments)
+    )
     if not chunks:
         entry_point.function(0, units, *arguments)
         return (y, indices) if return_indices else y
@@ -357,8 +417,16 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
         if guarded is None:
             entry_point.function(0, units, *arguments)
         else:
-            _drive(entry_point, units, chunks, threads, arguments, 2 + return_indices,
-                   compiled, ("driver", return_indices))
+            _drive(
+                entry_point,
+                units,
+                chunks,
+                threads,
+                arguments,
+                2 + return_indices,
+                compiled,
+                ("driver", return_indices),
+            )
     finally:
         if guarded:
             _threads.leave_parallel()
@@ -370,8 +438,9 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
 _SERIAL_PIECES = 64
 
 
-def _drive(entry_point, units, chunks, threads, arguments, call_arrays: int,
-           compiled: dict, key) -> None:
+def _drive(
+    entry_point, units, chunks, threads, arguments, call_arrays: int, compiled: dict, key
+) -> None:
     """The parallel driver over ``entry_point`` (entry.Compiled), whose first
     ``call_arrays`` arguments are the call's own arrays, the rest the launch's; kept in
     ``compiled[key]`` with its way into the entry point (parallel.BlockCall) once the
@@ -387,11 +456,17 @@ def _drive(entry_point, units, chunks, threads, arguments, call_arrays: int,
             done += piece
             if done >= units:
                 return
-        driver = compiled[key] = (ready, parallel.block_call(entry_point, arguments,
-                                                             call_arrays))
+        driver = compiled[key] = (ready, parallel.block_call(entry_point, arguments, call_arrays))
     run, block_call = driver
-    run(block_call.address, done, units, chunks, threads, block_call.block,
-        parallel.call_bytes(arguments[:call_arrays]))
+    run(
+        block_call.address,
+        done,
+        units,
+        chunks,
+        threads,
+        block_call.block,
+        parallel.call_bytes(arguments[:call_arrays]),
+    )
 
 
 def _specialized(plan: WindowPlan):
@@ -416,24 +491,37 @@ def _specialized(plan: WindowPlan):
     if kernels is not None:
         max_units, sum_units = kernels
         if plan.op == "MaxPool":
-            special = (max_units,
-                       (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]))
+            special = (
+                max_units,
+                (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]),
+            )
         else:
-            special = (sum_units[_p_kind(plan.op, plan.p)],
-                       (float(plan.p), _sum_zero(plan), g["axes"], g["taps"], g["tap_offsets"],
-                        g["divisor_counts"]))
+            special = (
+                sum_units[_p_kind(plan.op, plan.p)],
+                (
+                    float(plan.p),
+                    _sum_zero(plan),
+                    g["axes"],
+                    g["taps"],
+                    g["tap_offsets"],
+                    g["divisor_counts"],
+                ),
+            )
     elif _plane_window(plan):
         zero = _sum_zero(plan)
-        special = (_PLANE_SUMS[_p_kind(plan.op, plan.p), plan.strides[-1]],
-                   (zero, zero.dtype.type(plan.p), g["axes"], g["divisor_counts"]))
+        special = (
+            _PLANE_SUMS[_p_kind(plan.op, plan.p), plan.strides[-1]],
+            (zero, zero.dtype.type(plan.p), g["axes"], g["divisor_counts"]),
+        )
     elif plan.op != "MaxPool" and _wide_window(plan):
         zero = _sum_zero(plan)
         rows = _rows_geometry(plan)
-        special = (_WIDE_SUMS[_p_kind(plan.op, plan.p), plan.strides[-1]],
-                   (zero, zero.dtype.type(plan.p), rows["axes"], rows["divisor_counts"]))
+        special = (
+            _WIDE_SUMS[_p_kind(plan.op, plan.p), plan.strides[-1]],
+            (zero, zero.dtype.type(plan.p), rows["axes"], rows["divisor_counts"]),
+        )
     elif plan.op == "MaxPool" and _max_plane_window(plan):
-        special = (_MAX_PLANES[plan.dtype.kind not in "iu"],
-                   (lowest_value(plan.dtype), g["axes"]))
+        special = (_MAX_PLANES[plan.dtype.kind not in "iu"], (lowest_value(plan.dtype), g["axes"]))
     plan.choices.special = special
     return special
 
@@ -448,8 +536,10 @@ def _columns_special(plan: WindowPlan, block: int, run_units: int) -> tuple:
     vector_fold = plan.dtype.itemsize <= 2  # 8- and 16-bit elements
     kind = columns.column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1])
     fold_planes = columns.folds_planes(plan.spatial_in, plan.out_shape[2:], block, run_units)
-    return (EntryPoint(columns.column_units, (*kind, check_ties, vector_fold, fold_planes)),
-            (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]))
+    return (
+        EntryPoint(columns.column_units, (*kind, check_ties, vector_fold, fold_planes)),
+        (lowest_value(plan.dtype), g["axes"], g["taps"], g["tap_offsets"]),
+    )
 
 
 class GlobalCall(NamedTuple):
@@ -474,19 +564,31 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> GlobalCall
     storage = _STORAGE.get(plan.dtype)
     if op == "GlobalMaxPool":
         bits = _SIGNED_BITS[plan.dtype.itemsize]
-        kernels = (_GLOBAL_MAX,
-                   (bits.type(np.iinfo(bits).max), bits.type(_INF_BITS[plan.dtype]),
-                    bits.type(8 * bits.itemsize - 1)), storage, bits)
+        kernels = (
+            _GLOBAL_MAX,
+            (
+                bits.type(np.iinfo(bits).max),
+                bits.type(_INF_BITS[plan.dtype]),
+                bits.type(8 * bits.itemsize - 1),
+            ),
+            storage,
+            bits,
+        )
     elif _float32_blocks(op, plan.dtype):
         kernels = (_BLOCK_SUMS, (), storage, None)
     else:
         p_kind = _p_kind(op, p)
-        kernels = (global_.global_sum_entry(p_kind, plan.dtype.itemsize < 8),
-                   (float(p), p_kind), storage, None)
+        kernels = (
+            global_.global_sum_entry(p_kind, plan.dtype.itemsize < 8),
+            (float(p), p_kind),
+            storage,
+            None,
+        )
     if len(_GLOBAL_CALLS) >= _MAX_GLOBAL_CALLS:  # shapes that never repeat: stay bounded
         _GLOBAL_CALLS.clear()
-    call = _GLOBAL_CALLS[op, shape, dtype, p] = GlobalCall(plan.out_shape, plan.dtype,
-                                                           plan.rows, *kernels, {})
+    call = _GLOBAL_CALLS[op, shape, dtype, p] = GlobalCall(
+        plan.out_shape, plan.dtype, plan.rows, *kernels, {}
+    )
     return call
 
 
@@ -514,16 +616,23 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     else:  # the maximum runs over the bits as signed integers (global_.global_max_units)
         arrays = (rows_in, rows_in.view(bits), rows_out, rows_out.view(bits))
     arguments = (*arrays, *constants)
-    entry_point = (compiled.get("entry")
-                   or compiled.setdefault("entry", entry.compile(arguments)))
+    entry_point = compiled.get("entry") or compiled.setdefault("entry", entry.compile(arguments))
     threads = _threads.get_num_threads() if x.size >= _SERIAL_GLOBAL else 1
     guarded = _threads.enter_parallel(threads)
     try:
         if guarded is None:
             entry_point.function(0, rows[0], *arguments)
         else:
-            _drive(entry_point, rows[0], min(rows[0], _GLOBAL_RUNS_PER_THREAD * threads),
-                   threads, arguments, len(arrays), compiled, "driver")
+            _drive(
+                entry_point,
+                rows[0],
+                min(rows[0], _GLOBAL_RUNS_PER_THREAD * threads),
+                threads,
+                arguments,
+                len(arrays),
+                compiled,
+                "driver",
+            )
     finally:
         if guarded:
             _threads.leave_parallel()
@@ -544,13 +653,13 @@ class RunningSums(NamedTuple):
 
 
 def start_global_sums(op: str, channels: int, dtype: np.dtype) -> RunningSums:
-    lanes = (np.zeros((channels, global_.LANES), np.float32)
-             if _float32_blocks(op, dtype) else None)
+    lanes = np.zeros((channels, global_.LANES), np.float32) if _float32_blocks(op, dtype) else None
     return RunningSums(np.zeros(channels), lanes, 0)
 
 
-def continue_global_sums(op: str, x: np.ndarray, dtype: np.dtype, sums: RunningSums,
-                         p: float = 2.0) -> RunningSums:
+def continue_global_sums(
+    op: str, x: np.ndarray, dtype: np.dtype, sums: RunningSums, p: float = 2.0
+) -> RunningSums:
     """``sums`` with the slab ``x`` added, as the in-memory call adds it: a global sum
     split over consecutive slabs, bit for bit. New arrays: the caller's stay as they were."""
     totals = np.array(sums.totals, dtype=np.float64)
@@ -564,8 +673,9 @@ def continue_global_sums(op: str, x: np.ndarray, dtype: np.dtype, sums: RunningS
     return RunningSums(totals, lanes, sums.done + math.prod(x.shape[2:]))
 
 
-def finish_global_sums(op: str, sums: RunningSums, dtype: np.dtype, out_shape: tuple,
-                       p: float = 2.0) -> np.ndarray:
+def finish_global_sums(
+    op: str, sums: RunningSums, dtype: np.dtype, out_shape: tuple, p: float = 2.0
+) -> np.ndarray:
     """The result of a global sum from its running sums over whole channels."""
     y = np.empty(out_shape, dtype=dtype)
     out = as_storage(y.reshape(-1), dtype)
@@ -573,8 +683,9 @@ def finish_global_sums(op: str, sums: RunningSums, dtype: np.dtype, out_shape: t
     if sums.lanes is None:
         global_.global_sum_finish(totals, np.uint64(sums.done), out, float(p), _p_kind(op, p))
     else:  # a copy of the lanes: the last block's tree empties them
-        global_.block_sum_finish(totals, np.array(sums.lanes, dtype=np.float32),
-                                 np.uint64(sums.done), out)
+        global_.block_sum_finish(
+            totals, np.array(sums.lanes, dtype=np.float32), np.uint64(sums.done), out
+        )
     return y
 
 

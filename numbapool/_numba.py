@@ -96,8 +96,10 @@ class NumbaInternalsWarning(RuntimeWarning):
 
 
 def _versions() -> str:
-    return (f"numba {numba.__version__} (llvmlite {llvmlite.__version__}, LLVM "
-            f"{'.'.join(map(str, _llvm.llvm_version_info))})")
+    return (
+        f"numba {numba.__version__} (llvmlite {llvmlite.__version__}, LLVM "
+        f"{'.'.join(map(str, _llvm.llvm_version_info))})"
+    )
 
 
 def broken(reach: str, assumption: str) -> NumbaInternalsError:
@@ -105,8 +107,9 @@ def broken(reach: str, assumption: str) -> NumbaInternalsError:
     return NumbaInternalsError(
         f"numbapool cannot run on {_versions()}: {reach} assumes {assumption}. numbapool "
         f"supports numba {oldest_numba()} and newer; install a supported release "
-        f"(pip install \"numba>={oldest_numba()}\"), and report this numba to numbapool if "
-        f"it is newer.")
+        f'(pip install "numba>={oldest_numba()}"), and report this numba to numbapool if '
+        f"it is newer."
+    )
 
 
 _WARNED = set()
@@ -117,9 +120,12 @@ def fall_back(reach: str, assumption: str, public_path: str) -> None:
     if reach in _WARNED:
         return
     _WARNED.add(reach)
-    warnings.warn(f"numbapool: {_versions()} breaks an assumption of {reach} ({assumption}); "
-                  f"it uses {public_path} instead. Results are the same.",
-                  NumbaInternalsWarning, stacklevel=3)
+    warnings.warn(
+        f"numbapool: {_versions()} breaks an assumption of {reach} ({assumption}); "
+        f"it uses {public_path} instead. Results are the same.",
+        NumbaInternalsWarning,
+        stacklevel=3,
+    )
 
 
 def _parameters(function) -> list[str] | None:
@@ -133,21 +139,26 @@ def _parameters(function) -> list[str] | None:
 def _missing_methods(owner, expected: dict) -> list[str]:
     """Those of ``expected`` (method name -> parameter names) that ``owner`` lacks or
     takes with other parameters."""
-    return [f"{owner.__name__}.{name}({', '.join(parameters)})"
-            for name, parameters in expected.items()
-            if _parameters(getattr(owner, name, None)) != parameters]
+    return [
+        f"{owner.__name__}.{name}({', '.join(parameters)})"
+        for name, parameters in expected.items()
+        if _parameters(getattr(owner, name, None)) != parameters
+    ]
 
 
 # --- LLVM -----------------------------------------------------------------------------
+
 
 def check_llvm(version: tuple = None) -> None:
     """Raise NumbaInternalsError if numba's LLVM is older than the kernels' intrinsics need
     (``version``: LLVM's, by default the one llvmlite is built with)."""
     version = tuple(_llvm.llvm_version_info if version is None else version)
-    if version[:len(_OLDEST_LLVM)] < _OLDEST_LLVM:
-        raise broken("the kernels' LLVM intrinsics",
-                     f"LLVM {_OLDEST_LLVM[0]} or newer, which lowers llvm.maximum on every "
-                     f"CPU (numba 0.61's LLVM 15 aborts the process on it)")
+    if version[: len(_OLDEST_LLVM)] < _OLDEST_LLVM:
+        raise broken(
+            "the kernels' LLVM intrinsics",
+            f"LLVM {_OLDEST_LLVM[0]} or newer, which lowers llvm.maximum on every "
+            f"CPU (numba 0.61's LLVM 15 aborts the process on it)",
+        )
 
 
 # --- 1. jit options -------------------------------------------------------------------
@@ -168,11 +179,16 @@ def _jit_options() -> tuple[dict, dict]:
         raise broken("the kernels' jit options", "numba.njit takes _nrt=False")
     missing = [name for name in _WRAPPER_OPTIONS if not hasattr(CPUTargetOptions, name)]
     if missing:
-        fall_back("the kernels' jit options", f"numba.njit takes {', '.join(missing)}",
-                  "numba's wrappers for every helper (first calls slower)")
+        fall_back(
+            "the kernels' jit options",
+            f"numba.njit takes {', '.join(missing)}",
+            "numba's wrappers for every helper (first calls slower)",
+        )
         return {"_nrt": False}, {"_nrt": False}
-    return ({"_nrt": False, "no_cfunc_wrapper": True},
-            {"_nrt": False, **dict.fromkeys(_WRAPPER_OPTIONS, True)})
+    return (
+        {"_nrt": False, "no_cfunc_wrapper": True},
+        {"_nrt": False, **dict.fromkeys(_WRAPPER_OPTIONS, True)},
+    )
 
 
 # --- 2. the compiler pipeline ---------------------------------------------------------
@@ -222,8 +238,10 @@ class LiteralArgumentsAsConstants(FunctionPass):
         changed = False
         for block in state.func_ir.blocks.values():
             for i, statement in enumerate(block.body):
-                if not (isinstance(statement, numba_ir.Assign)
-                        and isinstance(statement.value, numba_ir.Arg)):
+                if not (
+                    isinstance(statement, numba_ir.Assign)
+                    and isinstance(statement.value, numba_ir.Arg)
+                ):
                     continue
                 given = state.args[statement.value.index]
                 if isinstance(given, (types.IntegerLiteral, types.BooleanLiteral)):
@@ -290,7 +308,8 @@ class InlineInlinablesOnce(InlineInlinables):
     def _do_work(self, state, work_list, block, i, expr, inline_worker):
         if "run_untyped_passes" not in vars(inline_worker):
             inline_worker.run_untyped_passes = functools.partial(
-                _untyped_ir_once, inline_worker, inline_worker.run_untyped_passes)
+                _untyped_ir_once, inline_worker, inline_worker.run_untyped_passes
+            )
         return super()._do_work(state, work_list, block, i, expr, inline_worker)
 
 
@@ -301,14 +320,27 @@ def _discards_unchanged_copy(method) -> bool:
         tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
     except (OSError, TypeError, SyntaxError):
         return False
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
-             and getattr(node.func, "attr", None) == "inline_function"]
-    assigned = [node for node in ast.walk(tree) if isinstance(node, ast.Assign)
-                and isinstance(node.value, ast.Call) and node.value in calls]
-    return bool(calls) and len(assigned) == len(calls) and all(
-        isinstance(node.targets[0], ast.Tuple) and node.targets[0].elts
-        and isinstance(node.targets[0].elts[0], ast.Name) and node.targets[0].elts[0].id == "_"
-        for node in assigned)
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "inline_function"
+    ]
+    assigned = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and node.value in calls
+    ]
+    return (
+        bool(calls)
+        and len(assigned) == len(calls)
+        and all(
+            isinstance(node.targets[0], ast.Tuple)
+            and node.targets[0].elts
+            and isinstance(node.targets[0].elts[0], ast.Name)
+            and node.targets[0].elts[0].id == "_"
+            for node in assigned
+        )
+    )
 
 
 @functools.cache
@@ -317,18 +349,26 @@ def _inliner_problem() -> str | None:
     from numba.core.compiler import Flags
     from numba.core.inline_closurecall import InlineWorker  # imports numba's array lowering
 
-    missing = _missing_methods(InlineInlinables, {
-        "_do_work": ["self", "state", "work_list", "block", "i", "expr", "inline_worker"]})
-    missing += _missing_methods(InlineWorker, {
-        "run_untyped_passes": ["self", "func", "enable_ssa"],
-        "inline_function": ["self", "caller_ir", "block", "i", "function", "arg_typs"]})
+    missing = _missing_methods(
+        InlineInlinables,
+        {"_do_work": ["self", "state", "work_list", "block", "i", "expr", "inline_worker"]},
+    )
+    missing += _missing_methods(
+        InlineWorker,
+        {
+            "run_untyped_passes": ["self", "func", "enable_ssa"],
+            "inline_function": ["self", "caller_ir", "block", "i", "function", "arg_typs"],
+        },
+    )
     if missing:
         return f"the methods {', '.join(missing)}"
     if not hasattr(Flags, "enable_ssa"):
         return "compile flags with enable_ssa"
     if not _discards_unchanged_copy(InlineInlinables._do_work):
-        return ("InlineInlinables._do_work discards the unchanged copy that "
-                "InlineWorker.inline_function returns first")
+        return (
+            "InlineInlinables._do_work discards the unchanged copy that "
+            "InlineWorker.inline_function returns first"
+        )
     return None
 
 
@@ -346,8 +386,9 @@ class LiteralKindsCompiler(CompilerBase):
         present = {pass_ for pass_, _ in manager.passes}
         missing = [p.__name__ for p in (FixupArgs, InlineInlinables) if p not in present]
         if missing:
-            raise broken(_PIPELINE, f"numba's nopython pipeline has the passes "
-                         f"{', '.join(missing)}")
+            raise broken(
+                _PIPELINE, f"numba's nopython pipeline has the passes {', '.join(missing)}"
+            )
         manager.add_pass_after(LiteralArgumentsAsConstants, FixupArgs)
         inliner = InlineInlinables
         problem = _inliner_problem()
@@ -356,9 +397,11 @@ class LiteralKindsCompiler(CompilerBase):
         else:
             fall_back(_PIPELINE, problem, "numba's own inlining (first calls slower)")
         parallel = self.state.flags.auto_parallel.enabled
-        manager.passes = [(inliner if pass_ is InlineInlinables else pass_, name)
-                          for pass_, name in manager.passes
-                          if parallel or pass_ not in _NOTHING_TO_DO]
+        manager.passes = [
+            (inliner if pass_ is InlineInlinables else pass_, name)
+            for pass_, name in manager.passes
+            if parallel or pass_ not in _NOTHING_TO_DO
+        ]
         manager.finalize()
         return [manager]
 
@@ -380,25 +423,31 @@ class LiteralKindsCompiler(CompilerBase):
 
 _CACHE = "numbapool's disk cache"
 _CACHE_METHODS = {
-    caching.FunctionCache: {"load_overload": ["self", "sig", "target_context"],
-                            "_load_overload": ["self", "sig", "target_context"],
-                            "_index_key": ["self", "sig", "codegen"],
-                            "_guard_against_spurious_io_errors": ["self"]},
-    caching.IndexDataCacheFile: {"__init__": ["self", "cache_path", "filename_base",
-                                              "source_stamp"],
-                                 "save": ["self", "key", "data"],
-                                 "_load_index": ["self"],
-                                 "_save_index": ["self", "overloads"],
-                                 "_save_data": ["self", "name", "data"],
-                                 "_data_name": ["self", "number"]},
+    caching.FunctionCache: {
+        "load_overload": ["self", "sig", "target_context"],
+        "_load_overload": ["self", "sig", "target_context"],
+        "_index_key": ["self", "sig", "codegen"],
+        "_guard_against_spurious_io_errors": ["self"],
+    },
+    caching.IndexDataCacheFile: {
+        "__init__": ["self", "cache_path", "filename_base", "source_stamp"],
+        "save": ["self", "key", "data"],
+        "_load_index": ["self"],
+        "_save_index": ["self", "overloads"],
+        "_save_data": ["self", "name", "data"],
+        "_data_name": ["self", "number"],
+    },
 }
 
 
 @functools.cache
 def _cache_problem() -> str | None:
     """What the kernel cache assumes of numba's cache classes that does not hold, or None."""
-    missing = [entry for owner, methods in _CACHE_METHODS.items()
-               for entry in _missing_methods(owner, methods)]
+    missing = [
+        entry
+        for owner, methods in _CACHE_METHODS.items()
+        for entry in _missing_methods(owner, methods)
+    ]
     if missing:
         return f"the methods {', '.join(missing)}"
     if _parameters(getattr(rtsys, "initialize", None)) != ["ctx"]:
@@ -417,8 +466,9 @@ class _LockedIndex(caching.IndexDataCacheFile):
             name = entries.get(key)
             if name is None:
                 taken = set(entries.values())
-                name = next(name for name in map(self._data_name, itertools.count(1))
-                            if name not in taken)
+                name = next(
+                    name for name in map(self._data_name, itertools.count(1)) if name not in taken
+                )
             self._save_data(name, data)
             if entries.get(key) != name:
                 entries[key] = name
@@ -432,12 +482,12 @@ class _KernelCache(caching.FunctionCache):
     def __init__(self, function):
         super().__init__(function)
         index = self._cache_file
-        self._cache_file = _LockedIndex(index._cache_path, self._impl.filename_base,
-                                        index._source_stamp)
+        self._cache_file = _LockedIndex(
+            index._cache_path, self._impl.filename_base, index._source_stamp
+        )
         # the attributes _LockedIndex.save and holds read, looked up now so that a numba
         # naming them otherwise gets numba's own cache (njit_cached), not an error later
-        if not (isinstance(self._cache_file._index_path, str)
-                and isinstance(self._enabled, bool)):
+        if not (isinstance(self._cache_file._index_path, str) and isinstance(self._enabled, bool)):
             raise AttributeError("_index_path or _enabled")
 
     def _index_key(self, sig, codegen):
@@ -449,8 +499,9 @@ class _KernelCache(caching.FunctionCache):
 
     def holds(self, sig, target_context) -> bool:
         """Whether the cache has an entry for ``sig``, without loading it."""
-        return self._enabled and (self._index_key(sig, target_context.codegen())
-                                  in self._cache_file._load_index())
+        return self._enabled and (
+            self._index_key(sig, target_context.codegen()) in self._cache_file._load_index()
+        )
 
     def load_overload(self, sig, target_context):
         rtsys.initialize(target_context)
@@ -488,8 +539,12 @@ def njit_cached(function, **options):
         except (AttributeError, TypeError) as error:
             problem = f"a function's cache has the attribute {error}"
     if problem is not None:
-        fall_back(_CACHE, problem, "numba's own disk cache (its saves do not take turns "
-                  "across processes; warm first calls slower)")
+        fall_back(
+            _CACHE,
+            problem,
+            "numba's own disk cache (its saves do not take turns "
+            "across processes; warm first calls slower)",
+        )
         return numba.njit(cache=True, **options)(function)
     dispatcher = numba.njit(**options)(function)
     dispatcher._cache = cache
@@ -509,8 +564,7 @@ def cache_directory_for(source: str) -> str | None:
     implementation = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
     locator_classes = getattr(implementation, "_locator_classes", None)
     if locator_classes is None:
-        raise broken(_CACHE, "caching.CacheImpl._locator_classes lists numba's cache "
-                     "locators")
+        raise broken(_CACHE, "caching.CacheImpl._locator_classes lists numba's cache locators")
 
     def a_function():
         pass
@@ -547,12 +601,17 @@ def compiled_overload(dispatcher, signature) -> tuple:
     target context that compiled it) of ``dispatcher`` compiled for ``signature``."""
     try:
         result = dispatcher.overloads[signature]
-        return (result.entry_point,
-                result.library.get_pointer_to_function(result.fndesc.llvm_func_name),
-                result.target_context)
+        return (
+            result.entry_point,
+            result.library.get_pointer_to_function(result.fndesc.llvm_func_name),
+            result.target_context,
+        )
     except (AttributeError, KeyError) as error:
-        raise broken(_CALLS, "a dispatcher's overloads[signature] has entry_point, "
-                     f"library, fndesc and target_context (missing: {error})") from None
+        raise broken(
+            _CALLS,
+            "a dispatcher's overloads[signature] has entry_point, "
+            f"library, fndesc and target_context (missing: {error})",
+        ) from None
 
 
 def flat_argument_types(context, argument_types: tuple) -> tuple:
@@ -562,8 +621,15 @@ def flat_argument_types(context, argument_types: tuple) -> tuple:
 
 # numba's array data model, as array_fields maps it: each field's name, and the struct
 # code of each of its flat members
-_ARRAY_FIELDS = {"meminfo": "P", "parent": "P", "nitems": "q", "itemsize": "q", "data": "P",
-                 "shape": "q", "strides": "q"}
+_ARRAY_FIELDS = {
+    "meminfo": "P",
+    "parent": "P",
+    "nitems": "q",
+    "itemsize": "q",
+    "data": "P",
+    "shape": "q",
+    "strides": "q",
+}
 
 
 def array_fields(context, array_type) -> list[tuple[str, str]]:
@@ -573,8 +639,10 @@ def array_fields(context, array_type) -> list[tuple[str, str]]:
     model = context.data_model_manager[array_type]
     names = list(getattr(model, "_fields", ()))
     if sorted(names) != sorted(_ARRAY_FIELDS):
-        raise broken(_CALLS, f"numba's array data model has the fields "
-                     f"{sorted(_ARRAY_FIELDS)} (it has {names})")
+        raise broken(
+            _CALLS,
+            f"numba's array data model has the fields {sorted(_ARRAY_FIELDS)} (it has {names})",
+        )
     fields = []
     for name in names:
         member = model.get_member_fe_type(name)
@@ -582,11 +650,15 @@ def array_fields(context, array_type) -> list[tuple[str, str]]:
         fields += [(name, _ARRAY_FIELDS[name])] * count
     flat = flat_argument_types(context, (array_type,))
     expected = [llvm_ir.PointerType if code == "P" else llvm_ir.IntType for _, code in fields]
-    if (len(flat) != len(fields)
-            or not all(isinstance(t, kind) for t, kind in zip(flat, expected))
-            or not all(t.width == 64 for t in flat if isinstance(t, llvm_ir.IntType))):
-        raise broken(_CALLS, f"numba passes an array as its fields {fields} (it passes "
-                     f"{[str(t) for t in flat]})")
+    if (
+        len(flat) != len(fields)
+        or not all(isinstance(t, kind) for t, kind in zip(flat, expected))
+        or not all(t.width == 64 for t in flat if isinstance(t, llvm_ir.IntType))
+    ):
+        raise broken(
+            _CALLS,
+            f"numba passes an array as its fields {fields} (it passes {[str(t) for t in flat]})",
+        )
     return fields
 
 
@@ -594,10 +666,15 @@ def _status_and_exception_first(function_type, argument_types: tuple) -> None:
     """Raise unless numba's calling convention passes a status and an exception pointer
     before the arguments, as the trampolines take them."""
     arguments = function_type.args
-    if not (len(arguments) == 2 + len(argument_types)
-            and all(isinstance(t, llvm_ir.PointerType) for t in arguments[:2])):
-        raise broken(_CALLS, "numba's calling convention passes a status and an exception "
-                     f"pointer before the arguments (its function type is {function_type})")
+    if not (
+        len(arguments) == 2 + len(argument_types)
+        and all(isinstance(t, llvm_ir.PointerType) for t in arguments[:2])
+    ):
+        raise broken(
+            _CALLS,
+            "numba's calling convention passes a status and an exception "
+            f"pointer before the arguments (its function type is {function_type})",
+        )
 
 
 def call_at_address(context, builder, address, argument_types: tuple, values: list) -> None:
@@ -606,14 +683,19 @@ def call_at_address(context, builder, address, argument_types: tuple, values: li
     function_type = context.call_conv.get_function_type(types.none, argument_types)
     _status_and_exception_first(function_type, argument_types)
     callee = builder.inttoptr(address, function_type.as_pointer())
-    status, _ = context.call_conv.call_function(builder, callee, types.none, argument_types,
-                                                values)
+    status, _ = context.call_conv.call_function(builder, callee, types.none, argument_types, values)
     with cgutils.if_unlikely(builder, status.is_error):
         context.call_conv.return_status_propagate(builder, status)
 
 
-def compile_trampoline(context, name: str, argument_types: tuple, emit_arguments,
-                       entry_address: int, entry_types: tuple) -> tuple:
+def compile_trampoline(
+    context,
+    name: str,
+    argument_types: tuple,
+    emit_arguments,
+    entry_address: int,
+    entry_types: tuple,
+) -> tuple:
     """(address, library) of a function ``name`` compiled by LLVM alone, taking
     ``argument_types`` in numba's calling convention: it calls the compiled function at
     ``entry_address`` (taking ``entry_types``) on ``emit_arguments(builder, arguments)``
@@ -626,8 +708,9 @@ def compile_trampoline(context, name: str, argument_types: tuple, emit_arguments
     builder = llvm_ir.IRBuilder(function.append_basic_block())
     status, exception, *arguments = function.args
     entry_type = context.call_conv.get_function_type(types.none, entry_types)
-    entry = builder.inttoptr(llvm_ir.Constant(llvm_ir.IntType(64), entry_address),
-                             entry_type.as_pointer())
+    entry = builder.inttoptr(
+        llvm_ir.Constant(llvm_ir.IntType(64), entry_address), entry_type.as_pointer()
+    )
     # the entry point's status and exception go straight to the caller's
     builder.ret(builder.call(entry, [status, exception] + emit_arguments(builder, arguments)))
     library.add_ir_module(module)
@@ -652,8 +735,9 @@ def _check_symbols(reach: str, names) -> None:
 
 
 def _runtime_function(builder, name, result, arguments):
-    return cgutils.get_or_insert_function(builder.module, llvm_ir.FunctionType(result, arguments),
-                                          name)
+    return cgutils.get_or_insert_function(
+        builder.module, llvm_ir.FunctionType(result, arguments), name
+    )
 
 
 @functools.cache
@@ -669,24 +753,28 @@ def check_runtime() -> None:
 
 def allocate_aligned(context, builder, size, alignment: int):
     """Emit a new MemInfo of ``size`` bytes aligned to ``alignment`` (null if no memory)."""
-    allocate = _runtime_function(builder, "NRT_MemInfo_alloc_aligned", cgutils.voidptr_t,
-                                 [cgutils.intp_t, llvm_ir.IntType(32)])
+    allocate = _runtime_function(
+        builder,
+        "NRT_MemInfo_alloc_aligned",
+        cgutils.voidptr_t,
+        [cgutils.intp_t, llvm_ir.IntType(32)],
+    )
     allocate.return_value.add_attribute("noalias")
     return builder.call(allocate, [size, llvm_ir.Constant(llvm_ir.IntType(32), alignment)])
 
 
 def data_of(builder, meminfo):
     """Emit the data pointer of ``meminfo``."""
-    data = _runtime_function(builder, "NRT_MemInfo_data", cgutils.voidptr_t,
-                             [cgutils.voidptr_t])
+    data = _runtime_function(builder, "NRT_MemInfo_data", cgutils.voidptr_t, [cgutils.voidptr_t])
     return builder.call(data, [meminfo])
 
 
 def release_meminfo(builder, meminfo) -> None:
     """Emit the release of ``meminfo`` (a free of its data: the kernel holds its one
     reference)."""
-    release = _runtime_function(builder, "NRT_MemInfo_release", llvm_ir.VoidType(),
-                                [cgutils.voidptr_t])
+    release = _runtime_function(
+        builder, "NRT_MemInfo_release", llvm_ir.VoidType(), [cgutils.voidptr_t]
+    )
     builder.call(release, [meminfo])
 
 
@@ -706,8 +794,12 @@ borrowed = impl_ret_borrowed  # an intrinsic's result that borrows its argument'
 # these functions are not cacheable.
 
 _THREADS = "numbapool's thread count inside a kernel"
-_LAYER_FUNCTIONS = ("get_num_threads", "set_num_threads", "get_parallel_chunksize",
-                    "set_parallel_chunksize")
+_LAYER_FUNCTIONS = (
+    "get_num_threads",
+    "set_num_threads",
+    "get_parallel_chunksize",
+    "set_parallel_chunksize",
+)
 
 
 @functools.cache
@@ -721,8 +813,9 @@ def check_threading_layer() -> None:
 
 def _layer_function(builder, name, result, arguments):
     # declared as numba's prange loops declare them, in the same module
-    return cgutils.get_or_insert_function(builder.module, llvm_ir.FunctionType(result, arguments),
-                                          name)
+    return cgutils.get_or_insert_function(
+        builder.module, llvm_ir.FunctionType(result, arguments), name
+    )
 
 
 @intrinsic
@@ -762,8 +855,9 @@ def set_layer_chunk_size(typingctx, size):
 
     def codegen(context, builder, signature, args):
         get = _layer_function(builder, "get_parallel_chunksize", cgutils.intp_t, [])
-        set_ = _layer_function(builder, "set_parallel_chunksize", llvm_ir.VoidType(),
-                               [cgutils.intp_t])
+        set_ = _layer_function(
+            builder, "set_parallel_chunksize", llvm_ir.VoidType(), [cgutils.intp_t]
+        )
         before = builder.call(get, [])
         builder.call(set_, [context.cast(builder, args[0], signature.args[0], types.intp)])
         return before
@@ -775,8 +869,9 @@ def set_layer_chunk_size(typingctx, size):
 # taken on every call; once they run, the layer's own count is read directly: a parallel
 # call of 0.2 to 1 ms then takes 0.91 to 0.93 of the time
 _LAYER_STATE = "numbapool's reading of numba's thread count"
-_LAYER_STATE_ASSUMPTION = ("numba.np.ufunc.parallel has _is_initialized, and "
-                           "_get_num_threads() once it is true")
+_LAYER_STATE_ASSUMPTION = (
+    "numba.np.ufunc.parallel has _is_initialized, and _get_num_threads() once it is true"
+)
 
 
 def layer_started() -> bool:

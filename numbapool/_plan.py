@@ -88,8 +88,9 @@ def int_tuple(name: str, value, length: int, minimum: int) -> tuple:
         if v < minimum:
             raise ValueError(f"{name}[{axis}] must be >= {minimum}; got {v} in {name}={value!r}")
         if v > MAX_ATTRIBUTE:
-            raise ValueError(f"{name}[{axis}] must be <= {MAX_ATTRIBUTE}; got {v} in "
-                             f"{name}={value!r}")
+            raise ValueError(
+                f"{name}[{axis}] must be <= {MAX_ATTRIBUTE}; got {v} in {name}={value!r}"
+            )
     return tuple(items)
 
 
@@ -151,8 +152,9 @@ class WindowPlan:
     storage_order: int = 0
     # the divisor counts of a plan that gives part of another plan's outputs (region_plan,
     # channels_merged_plan): that plan's, which the geometry takes; None: its own
-    given_divisor_counts: np.ndarray | None = dataclasses.field(default=None, compare=False,
-                                                                repr=False)
+    given_divisor_counts: np.ndarray | None = dataclasses.field(
+        default=None, compare=False, repr=False
+    )
 
     @property
     def spatial_in(self) -> tuple:
@@ -213,11 +215,16 @@ class WindowPlan:
         ends = np.clip(-(-(self.spatial_in[-1] + lags) // stride), 0, self.spatial_out[-1])
         runs = np.where((firsts < ends)[:, None], np.stack([firsts, ends], axis=1), 0)
         # The window's input rows (one per tap of the leading axes), as offsets in rows.
-        lead_rows = tap_offsets[::self.kernel_shape[-1]] // self.spatial_in[-1]
-        return dict(axes=axes, taps=taps, tap_offsets=np.ascontiguousarray(tap_offsets),
-                    tap_index_offsets=np.ascontiguousarray(tap_index_offsets),
-                    tap_outputs=np.ascontiguousarray(runs),
-                    lead_rows=np.ascontiguousarray(lead_rows), divisor_counts=divisor_counts)
+        lead_rows = tap_offsets[:: self.kernel_shape[-1]] // self.spatial_in[-1]
+        return dict(
+            axes=axes,
+            taps=taps,
+            tap_offsets=np.ascontiguousarray(tap_offsets),
+            tap_index_offsets=np.ascontiguousarray(tap_index_offsets),
+            tap_outputs=np.ascontiguousarray(runs),
+            lead_rows=np.ascontiguousarray(lead_rows),
+            divisor_counts=divisor_counts,
+        )
 
     def divisor_counts(self, first_outputs: tuple, width: int) -> np.ndarray:
         """(rank, width) int64: [axis, j] is how many of the axis's taps AveragePool counts
@@ -233,10 +240,16 @@ class WindowPlan:
             low, high = 0, self.spatial_in[axis]
             if self.count_include_pad:
                 low, high = -self.pads_begin[axis], high + self.pads_end[axis]
-            row = counts[axis, :max(0, min(width, self.spatial_out[axis] - first))]
-            _taps_within(row, first * self.strides[axis] - self.pads_begin[axis],
-                         self.strides[axis], low, high, self.kernel_shape[axis],
-                         self.dilations[axis])
+            row = counts[axis, : max(0, min(width, self.spatial_out[axis] - first))]
+            _taps_within(
+                row,
+                first * self.strides[axis] - self.pads_begin[axis],
+                self.strides[axis],
+                low,
+                high,
+                self.kernel_shape[axis],
+                self.dilations[axis],
+            )
         return counts
 
     def __reduce__(self):
@@ -284,8 +297,9 @@ class WindowPlan:
         return f"<table>{body}</table>"
 
 
-def _taps_within(row: np.ndarray, start: int, stride: int, low: int, high: int, kernel: int,
-                 dilation: int) -> None:
+def _taps_within(
+    row: np.ndarray, start: int, stride: int, low: int, high: int, kernel: int, dilation: int
+) -> None:
     """row[j] = how many taps k in [0, kernel) of the window starting at start + j * stride
     lie in [low, high): low <= its start + k * dilation < high for k from
     ceil((low - start) / dilation) to below ceil((high - start) / dilation). Every tap of
@@ -315,8 +329,16 @@ def window_extents(kernel_shape, dilations) -> tuple:
     return tuple((k - 1) * d + 1 for k, d in zip(kernel_shape, dilations))
 
 
-def output_length(op: str, axis: int, size: int, k_eff: int, stride: int,
-                  pad_begin: int, pad_end: int, ceil_mode: int) -> int:
+def output_length(
+    op: str,
+    axis: int,
+    size: int,
+    k_eff: int,
+    stride: int,
+    pad_begin: int,
+    pad_end: int,
+    ceil_mode: int,
+) -> int:
     """Output positions along one axis, explicit pads (docs/semantics.md, decision 1)."""
     span = size + pad_begin + pad_end - k_eff
     if span < 0:
@@ -341,12 +363,35 @@ def same_pads(size: int, k_eff: int, stride: int, auto_pad: str) -> tuple:
     return (small, large) if auto_pad == "SAME_UPPER" else (large, small)
 
 
-def window_plan(op: str, shape: tuple, dtype: np.dtype, kernel_shape, strides=None, pads=None,
-                auto_pad="NOTSET", ceil_mode=0, dilations=None, count_include_pad=0, p=2,
-                storage_order=0) -> WindowPlan:
+def window_plan(
+    op: str,
+    shape: tuple,
+    dtype: np.dtype,
+    kernel_shape,
+    strides=None,
+    pads=None,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    dilations=None,
+    count_include_pad=0,
+    p=2,
+    storage_order=0,
+) -> WindowPlan:
     """Validate and resolve one windowed pooling call; cached when the arguments hash."""
-    args = (op, tuple(shape), dtype, _freeze(kernel_shape), _freeze(strides), _freeze(pads),
-            auto_pad, ceil_mode, _freeze(dilations), count_include_pad, p, storage_order)
+    args = (
+        op,
+        tuple(shape),
+        dtype,
+        _freeze(kernel_shape),
+        _freeze(strides),
+        _freeze(pads),
+        auto_pad,
+        ceil_mode,
+        _freeze(dilations),
+        count_include_pad,
+        p,
+        storage_order,
+    )
     # The scalars' types join the key: True == 1 == 1.0, and a float flag must not find a
     # valid call's plan. (functools.lru_cache(typed=True) types every argument: 0.3 us more
     # a call, the whole time of the kernel on a small input.)
@@ -393,18 +438,35 @@ def _freeze(value):
 def check_kernel_rank(op: str, shape: tuple, kernel_shape, rank: int) -> None:
     """A kernel_shape of another length than X's spatial axes: an error that says X's rank
     and the layout, the usual cause being an image without its N axis."""
-    if hasattr(kernel_shape, "__len__") and not isinstance(kernel_shape, (str, bytes)) \
-            and len(kernel_shape) != rank and len(kernel_shape) > 0:
+    if (
+        hasattr(kernel_shape, "__len__")
+        and not isinstance(kernel_shape, (str, bytes))
+        and len(kernel_shape) != rank
+        and len(kernel_shape) > 0
+    ):
         raise ValueError(
             f"{op}: kernel_shape {tuple(kernel_shape)!r} has {len(kernel_shape)} "
             f"value{'s' if len(kernel_shape) > 1 else ''}, but X of shape {tuple(shape)} "
             f"(rank {len(shape)}) has {rank} spatial ax{'es' if rank > 1 else 'is'}: numbapool "
             f"takes the (N, C, D1, ..., Dn) layout, so a {len(kernel_shape)}-D window needs "
-            f"an input of rank {len(kernel_shape) + 2} (x[np.newaxis] adds N to one image)")
+            f"an input of rank {len(kernel_shape) + 2} (x[np.newaxis] adds N to one image)"
+        )
 
 
-def _window_plan(op, shape, dtype, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
-                 count_include_pad, p, storage_order) -> WindowPlan:
+def _window_plan(
+    op,
+    shape,
+    dtype,
+    kernel_shape,
+    strides,
+    pads,
+    auto_pad,
+    ceil_mode,
+    dilations,
+    count_include_pad,
+    p,
+    storage_order,
+) -> WindowPlan:
     allowed = MAX_POOL_DTYPES if op == "MaxPool" else FLOAT_DTYPES
     dtype = check_dtype(op, np.dtype(dtype), allowed)
     rank = check_rank(op, shape)
@@ -424,8 +486,10 @@ def _window_plan(op, shape, dtype, kernel_shape, strides, pads, auto_pad, ceil_m
         # exported models often write the default pads, all zero, beside auto_pad: they say
         # nothing against it (ONNX's checker, onnx.reference and onnxruntime accept them)
         if any(int_tuple("pads", pads, 2 * rank, 0)):
-            raise ValueError(f"pads cannot be used together with auto_pad={auto_pad!r}; "
-                             f"got pads={pads!r} (only all-zero pads may stand beside it)")
+            raise ValueError(
+                f"pads cannot be used together with auto_pad={auto_pad!r}; "
+                f"got pads={pads!r} (only all-zero pads may stand beside it)"
+            )
         pads = None
 
     spatial = shape[2:]
@@ -442,8 +506,21 @@ def _window_plan(op, shape, dtype, kernel_shape, strides, pads, auto_pad, ceil_m
         output_length(op, axis, n, e, s, b, a, rounding)
         for axis, (n, e, s, b, a) in enumerate(zip(spatial, k_eff, strides, begin, end))
     )
-    return WindowPlan(op, tuple(shape), dtype, kernel, strides, dilations, begin, end,
-                      tuple(shape[:2]) + out, ceil_mode, count_include_pad, p, storage_order)
+    return WindowPlan(
+        op,
+        tuple(shape),
+        dtype,
+        kernel,
+        strides,
+        dilations,
+        begin,
+        end,
+        tuple(shape[:2]) + out,
+        ceil_mode,
+        count_include_pad,
+        p,
+        storage_order,
+    )
 
 
 # window_plan's plans by their arguments; emptied when full
@@ -451,18 +528,31 @@ _WINDOW_PLANS: dict = {}
 _WINDOW_PLANS_KEPT = 1024
 
 
-def region_plan(plan: WindowPlan, region_shape: tuple, pads: tuple, first_outputs: tuple
-                ) -> WindowPlan:
+def region_plan(
+    plan: WindowPlan, region_shape: tuple, pads: tuple, first_outputs: tuple
+) -> WindowPlan:
     """The plan of a call on a region of ``plan``'s input that gives ``plan``'s outputs from
     ``first_outputs`` on (numbapool.dask): ``pads`` reach the region's first and last window
     ends, and the divisor counts are ``plan``'s, so that padding added at a region's edge
     never counts where the whole call's padding would not."""
-    region = _window_plan(plan.op, tuple(region_shape), plan.dtype, plan.kernel_shape,
-                          plan.strides, pads, "NOTSET", 0, plan.dilations,
-                          plan.count_include_pad, plan.p, plan.storage_order)
+    region = _window_plan(
+        plan.op,
+        tuple(region_shape),
+        plan.dtype,
+        plan.kernel_shape,
+        plan.strides,
+        pads,
+        "NOTSET",
+        0,
+        plan.dilations,
+        plan.count_include_pad,
+        plan.p,
+        plan.storage_order,
+    )
     width = max(region.spatial_out)
     return dataclasses.replace(
-        region, given_divisor_counts=plan.divisor_counts(first_outputs, width))
+        region, given_divisor_counts=plan.divisor_counts(first_outputs, width)
+    )
 
 
 def channels_merged_plan(plan: WindowPlan) -> WindowPlan:
@@ -474,19 +564,37 @@ def channels_merged_plan(plan: WindowPlan) -> WindowPlan:
     ``plan`` itself then. The divisor counts are ``plan``'s own (a region's are the whole
     call's: region_plan)."""
     rank, merged = len(plan.kernel_shape), 0
-    while (rank - merged > 2 and plan.kernel_shape[merged] == 1 and plan.strides[merged] == 1
-           and plan.pads_begin[merged] == 0 and plan.pads_end[merged] == 0):
+    while (
+        rank - merged > 2
+        and plan.kernel_shape[merged] == 1
+        and plan.strides[merged] == 1
+        and plan.pads_begin[merged] == 0
+        and plan.pads_end[merged] == 0
+    ):
         merged += 1
     if merged == 0 or plan.storage_order:
         return plan
-    shape = (plan.in_shape[0], math.prod(plan.in_shape[1:2 + merged]),
-             *plan.in_shape[2 + merged:])
+    shape = (
+        plan.in_shape[0],
+        math.prod(plan.in_shape[1 : 2 + merged]),
+        *plan.in_shape[2 + merged :],
+    )
     pads = (*plan.pads_begin[merged:], *plan.pads_end[merged:])
-    inner = _window_plan(plan.op, shape, plan.dtype, plan.kernel_shape[merged:],
-                         plan.strides[merged:], pads, "NOTSET", plan.ceil_mode,
-                         plan.dilations[merged:], plan.count_include_pad, plan.p, 0)
-    return dataclasses.replace(
-        inner, given_divisor_counts=plan.geometry["divisor_counts"][merged:])
+    inner = _window_plan(
+        plan.op,
+        shape,
+        plan.dtype,
+        plan.kernel_shape[merged:],
+        plan.strides[merged:],
+        pads,
+        "NOTSET",
+        plan.ceil_mode,
+        plan.dilations[merged:],
+        plan.count_include_pad,
+        plan.p,
+        0,
+    )
+    return dataclasses.replace(inner, given_divisor_counts=plan.geometry["divisor_counts"][merged:])
 
 
 # --------------------------------------------------------------------------- global pools
@@ -508,8 +616,9 @@ def global_plan(op: str, shape: tuple, dtype: np.dtype) -> GlobalPlan:
     for axis, size in enumerate(shape[2:]):
         if size == 0:
             raise ValueError(f"{op}: spatial axis {axis} is empty (input shape {shape})")
-    return GlobalPlan(native, tuple(shape[:2]) + (1,) * rank,
-                      (shape[0] * shape[1], math.prod(shape[2:])))
+    return GlobalPlan(
+        native, tuple(shape[:2]) + (1,) * rank, (shape[0] * shape[1], math.prod(shape[2:]))
+    )
 
 
 # --------------------------------------------------------------------------- MaxUnpool
@@ -528,8 +637,9 @@ class UnpoolPlan:
     shape_given: bool
 
 
-def unpool_plan(shape: tuple, dtype: np.dtype, kernel_shape, strides=None, pads=None,
-                output_shape=None) -> UnpoolPlan:
+def unpool_plan(
+    shape: tuple, dtype: np.dtype, kernel_shape, strides=None, pads=None, output_shape=None
+) -> UnpoolPlan:
     """Per axis the default output is ``(in - 1) * s + k - pb - pe`` (MaxUnpool's inverse).
     ``output_shape`` is the shape of the input MaxPool pooled into X: along each axis one
     that MaxPool with these attributes (floor or ceil mode) maps to X's size, within a
@@ -544,7 +654,9 @@ def unpool_plan(shape: tuple, dtype: np.dtype, kernel_shape, strides=None, pads=
     strides = (1,) * rank if strides is None else int_tuple("strides", strides, rank, 1)
     flat = (0,) * (2 * rank) if pads is None else int_tuple("pads", pads, 2 * rank, 0)
     default = []
-    for axis, (n, k, s, b, e) in enumerate(zip(shape[2:], kernel, strides, flat[:rank], flat[rank:])):
+    for axis, (n, k, s, b, e) in enumerate(
+        zip(shape[2:], kernel, strides, flat[:rank], flat[rank:])
+    ):
         size = (n - 1) * s + k - b - e
         if size < 1:
             raise ValueError(
@@ -567,7 +679,8 @@ def unpool_plan(shape: tuple, dtype: np.dtype, kernel_shape, strides=None, pads=
                 f"strides and pads pools into X's {tuple(shape)}: spatial axis {axis} must "
                 f"have {d - s + 1} to {d + s - 1} elements (the default output "
                 f"{default_shape}); output_shape is the shape of MaxPool's input, whose "
-                "positions the indices name")
+                "positions the indices name"
+            )
     return UnpoolPlan(tuple(shape), dtype, default_shape, out_shape, True)
 
 
@@ -586,11 +699,15 @@ def check_unpool_indices(plan: UnpoolPlan, indices: np.ndarray) -> None:
     if low < 0 or high >= limit:
         bad = low if low < 0 else high
         if plan.shape_given:
-            which = (f"output_shape {plan.out_shape} (the shape of MaxPool's input, whose "
-                     "positions MaxPool's Indices name)")
+            which = (
+                f"output_shape {plan.out_shape} (the shape of MaxPool's input, whose "
+                "positions MaxPool's Indices name)"
+            )
         else:
-            which = (f"the default output {plan.out_shape}; where MaxPool's input was larger, "
-                     "pass its shape as output_shape")
+            which = (
+                f"the default output {plan.out_shape}; where MaxPool's input was larger, "
+                "pass its shape as output_shape"
+            )
         raise ValueError(
             f"MaxUnpool index {bad} is outside [0, {limit}), the row-major positions of {which}"
         )

@@ -40,15 +40,19 @@ from . import _numba
 
 _program_threads: int | None = None
 _block_threads: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "numbapool_threads", default=None)
+    "numbapool_threads", default=None
+)
 _serial_after_fork = False
 _workqueue_busy = threading.Lock()
 _takes_lock: bool | None = None  # see _find_whether_lock_is_taken
 
 # The TBB library numba's tbb layer links to, by platform, as the tbb wheel installs it
 # under the environment's (or the user base's) prefix
-_TBB_LIBRARY = {"linux": ("lib", "libtbb.so.12"), "darwin": ("lib", "libtbb.12.dylib"),
-                "win32": ("Library/bin", "tbb12.dll")}
+_TBB_LIBRARY = {
+    "linux": ("lib", "libtbb.so.12"),
+    "darwin": ("lib", "libtbb.12.dylib"),
+    "win32": ("Library/bin", "tbb12.dll"),
+}
 # The requested layers (NUMBA_THREADING_LAYER) that TBB may serve
 _TBB_MAY_SERVE = ("default", "tbb", "safe", "threadsafe")
 
@@ -84,8 +88,10 @@ def _check_count(n) -> int:
     except TypeError:
         raise TypeError(f"thread count must be an int, got {n!r}") from None
     if not 1 <= n <= limit:
-        raise ValueError(f"thread count must be between 1 and {limit} (NUMBA_NUM_THREADS, set "
-                         f"before the program starts, raises the limit), got {n}")
+        raise ValueError(
+            f"thread count must be between 1 and {limit} (NUMBA_NUM_THREADS, set "
+            f"before the program starts, raises the limit), got {n}"
+        )
     return n
 
 

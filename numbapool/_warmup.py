@@ -99,13 +99,11 @@ def _exercise(op: str, dtype: np.dtype, window: int | None = None) -> None:
                 # one axis: as many elements as a plane, to reach the parallel driver too;
                 # three: 32 a side is past its threshold already, and 128 a side (8 million
                 # elements) made a warm warmup of every dtype take four times as long
-                spatial = {1: (side * side,), 2: (side, side),
-                           3: (min(side, 32),) * 3}[len(kernel)]
+                spatial = {1: (side * side,), 2: (side, side), 3: (min(side, 32),) * 3}[len(kernel)]
                 x = np.zeros((1, 4) + spatial, dtype=dtype)
                 if op == "MaxPool":
                     numbapool.max_pool(x, kernel, strides=strides, pads=pads)
-                    numbapool.max_pool(x, kernel, strides=strides, pads=pads,
-                                       return_indices=True)
+                    numbapool.max_pool(x, kernel, strides=strides, pads=pads, return_indices=True)
                 elif op == "AveragePool":
                     numbapool.average_pool(x, kernel, strides=strides, pads=pads)
                 else:
@@ -121,10 +119,13 @@ def _exercise(op: str, dtype: np.dtype, window: int | None = None) -> None:
             numbapool.max_unpool(x[:, :, ::2, ::2], indices, [2, 2], strides=[2, 2])
             continue
         # GlobalLpPool compiles per kind of p: |x| (p = 1), x ** 2 (2), |x| ** 3 (3), any other p
-        calls = {"GlobalMaxPool": [numbapool.global_max_pool],
-                 "GlobalAveragePool": [numbapool.global_average_pool],
-                 "GlobalLpPool": [functools.partial(numbapool.global_lp_pool, p=p)
-                                  for p in (1, 2, 3, 0.5)]}[op]
+        calls = {
+            "GlobalMaxPool": [numbapool.global_max_pool],
+            "GlobalAveragePool": [numbapool.global_average_pool],
+            "GlobalLpPool": [
+                functools.partial(numbapool.global_lp_pool, p=p) for p in (1, 2, 3, 0.5)
+            ],
+        }[op]
         for call in calls:
             call(x)
             with numbapool.threads(1):
@@ -145,7 +146,7 @@ def _tasks(pairs: list) -> list:
     tasks = []
     for op in dict.fromkeys(op for op, _ in pairs):
         names = [name for pair_op, name in pairs if pair_op == op]
-        for window in (windows if op in WINDOWED else [None]):
+        for window in windows if op in WINDOWED else [None]:
             tasks += [(op, name, window) for name in names]
     return tasks
 
@@ -171,8 +172,9 @@ def _worker_count(processes, tasks: int) -> int:
         except AttributeError:  # not on Linux
             processes = os.cpu_count() or 1
         processes = min(processes, MAX_DEFAULT_WORKERS)
-    elif (isinstance(processes, bool) or not isinstance(processes, (int, np.integer))
-          or processes < 1):
+    elif (
+        isinstance(processes, bool) or not isinstance(processes, (int, np.integer)) or processes < 1
+    ):
         raise ValueError(f"warmup: processes must be a positive integer, not {processes!r}")
     if _cache.CACHE_DIRECTORY is None:  # no disk cache to hand the kernels over in
         return 1
@@ -187,8 +189,10 @@ def _compiled_here(task: tuple, bar) -> bool:
     with event.install_recorder("numba:compile") as compiles:
         _exercise_task(*task)
     bar.update()
-    return any(event_.data["dispatcher"].py_func.__module__.startswith(__package__)
-               for _, event_ in compiles.buffer)
+    return any(
+        event_.data["dispatcher"].py_func.__module__.startswith(__package__)
+        for _, event_ in compiles.buffer
+    )
 
 
 def _exit_now() -> None:
@@ -213,8 +217,9 @@ def _compile_in_workers(tasks: list, workers: int, bar, load: bool) -> None:
     (loaded after them, a warmup of everything's kernels took its last 4 s on one core)."""
     # spawned, not forked: a fork of a process that ran numba's threads may hang
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context,
-                                                initializer=_worker_start) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_worker_start
+    ) as pool:
         running = {pool.submit(_exercise_task, *task): task for task in tasks}
         try:
             for done in concurrent.futures.as_completed(running):
@@ -242,15 +247,23 @@ def _progress_bar_class():
         try:
             import ipywidgets  # noqa: F401  (tqdm's notebook bar draws with it)
             from tqdm.auto import tqdm
+
             return tqdm
         except ImportError:
             pass
     from tqdm import tqdm
+
     return tqdm
 
 
-def warmup(ops: str | list[str] | None = None, dtypes=None, *, progress: bool | None = None,
-           processes: int | None = None, load: bool = True) -> list[tuple[str, str]]:
+def warmup(
+    ops: str | list[str] | None = None,
+    dtypes=None,
+    *,
+    progress: bool | None = None,
+    processes: int | None = None,
+    load: bool = True,
+) -> list[tuple[str, str]]:
     """Compile the kernels of ``ops`` x ``dtypes`` now, or load them from the disk cache.
 
     Worth it in an image or a CI job before timing anything, or at the top of a notebook:
@@ -294,14 +307,19 @@ def warmup(ops: str | list[str] | None = None, dtypes=None, *, progress: bool | 
     """
     chosen_ops = _choose("operator", ops, OPERATOR_DTYPES)
     chosen_dtypes = _choose("dtype", dtypes, DTYPE_NAMES)
-    pairs = [(op, name) for op in chosen_ops for name in chosen_dtypes
-             if DTYPE_NAMES[name] in OPERATOR_DTYPES[op]]
+    pairs = [
+        (op, name)
+        for op in chosen_ops
+        for name in chosen_dtypes
+        if DTYPE_NAMES[name] in OPERATOR_DTYPES[op]
+    ]
     tasks = _tasks(pairs)
     workers = _worker_count(processes, len(tasks))
     if progress is None:
         progress = _in_notebook() or bool(sys.stderr and sys.stderr.isatty())
-    bar = _progress_bar_class()(total=len(tasks), desc="numbapool warmup", unit="task",
-                                disable=not progress)
+    bar = _progress_bar_class()(
+        total=len(tasks), desc="numbapool warmup", unit="task", disable=not progress
+    )
     with bar:
         # The last task here first (the cheapest: MaxUnpool, the global pools and the last
         # windows come last): if no kernel compiled for it, the cache is warm, and workers

@@ -41,8 +41,14 @@ import numbapool
 
 from . import _dispatch, _plan, _threads
 
-__all__ = ["average_pool", "global_average_pool", "global_lp_pool", "global_max_pool",
-           "lp_pool", "max_pool"]
+__all__ = [
+    "average_pool",
+    "global_average_pool",
+    "global_lp_pool",
+    "global_max_pool",
+    "lp_pool",
+    "max_pool",
+]
 
 
 def _as_dask(x) -> da.Array:
@@ -98,16 +104,17 @@ def _checked_threads(threads: int | None) -> int | None:
 
 def _pool_region(region, plan, pads, first_outputs, return_indices, index_origin):
     region = np.asarray(region)
-    result = _dispatch.run_window(_plan.region_plan(plan, region.shape, pads, first_outputs),
-                                  region, return_indices)
+    result = _dispatch.run_window(
+        _plan.region_plan(plan, region.shape, pads, first_outputs), region, return_indices
+    )
     if return_indices:
-        return result[0], _whole_input_indices(result[1], region.shape, *index_origin,
-                                               plan.storage_order)
+        return result[0], _whole_input_indices(
+            result[1], region.shape, *index_origin, plan.storage_order
+        )
     return result
 
 
-def _whole_input_indices(local, region_shape, first_n, first_c, lows, whole_shape,
-                         storage_order):
+def _whole_input_indices(local, region_shape, first_n, first_c, lows, whole_shape, storage_order):
     """Indices into a region, as offsets into the whole input; -1 stays -1."""
     order = "C" if storage_order == 0 else "F"
     region_spatial, whole_spatial = region_shape[2:], whole_shape[2:]
@@ -117,7 +124,8 @@ def _whole_input_indices(local, region_shape, first_n, first_c, lows, whole_shap
     n, c = np.divmod(channel, region_shape[1])
     whole_channel = (n + first_n) * whole_shape[1] + (c + first_c)
     whole = whole_channel * math.prod(whole_spatial) + np.ravel_multi_index(
-        coordinates, whole_spatial, order=order)
+        coordinates, whole_spatial, order=order
+    )
     return np.where(local < 0, -1, whole)
 
 
@@ -129,12 +137,24 @@ def _empty_window_value(plan: _plan.WindowPlan):
     return np.array(_dispatch.lowest_value(plan.dtype), dtype=storage).view(plan.dtype)
 
 
-def _windowed(op: str, x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
-              threads, return_indices=False, **extra):
+def _windowed(
+    op: str,
+    x,
+    kernel_shape,
+    strides,
+    pads,
+    auto_pad,
+    ceil_mode,
+    dilations,
+    threads,
+    return_indices=False,
+    **extra,
+):
     x = _as_dask(x)
     threads = _checked_threads(threads)
-    plan = _plan.window_plan(op, x.shape, x.dtype, kernel_shape, strides, pads, auto_pad,
-                             ceil_mode, dilations, **extra)
+    plan = _plan.window_plan(
+        op, x.shape, x.dtype, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations, **extra
+    )
     rank = len(plan.kernel_shape)
     ranges = [_output_ranges(plan, axis, x.chunks[2 + axis]) for axis in range(rank)]
     n_bounds = [0, *itertools.accumulate(x.chunks[0])]
@@ -152,13 +172,19 @@ def _windowed(op: str, x, kernel_shape, strides, pads, auto_pad, ceil_mode, dila
             values[block] = da.full(shape, _empty_window_value(plan), dtype=plan.dtype)
             indices[block] = da.full(shape, -1, dtype=np.int64)
             continue
-        region = x[(slice(n0, n1), slice(c0, c1),
-                    *(slice(lo, hi) for lo, hi, *_ in regions))]
+        region = x[(slice(n0, n1), slice(c0, c1), *(slice(lo, hi) for lo, hi, *_ in regions))]
         region = region.rechunk(region.shape).to_delayed().reshape(-1)[0]
         pads_ = tuple(r[2] for r in regions) + tuple(r[3] for r in regions)
-        result = task(threads, _pool_region, region, plan, pads_,
-                      tuple(first for first, _ in out_ranges), return_indices,
-                      (n0, c0, [r[0] for r in regions], x.shape))
+        result = task(
+            threads,
+            _pool_region,
+            region,
+            plan,
+            pads_,
+            tuple(first for first, _ in out_ranges),
+            return_indices,
+            (n0, c0, [r[0] for r in regions], x.shape),
+        )
         if return_indices:
             values[block] = da.from_delayed(result[0], shape, dtype=plan.dtype)
             indices[block] = da.from_delayed(result[1], shape, dtype=np.int64)
@@ -168,35 +194,87 @@ def _windowed(op: str, x, kernel_shape, strides, pads, auto_pad, ceil_mode, dila
     return (y, da.block(indices.tolist())) if return_indices else y
 
 
-def max_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
-             dilations=None, storage_order=0, return_indices=False, threads: int | None = 1):
+def max_pool(
+    x,
+    kernel_shape,
+    *,
+    strides=None,
+    pads=None,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    dilations=None,
+    storage_order=0,
+    return_indices=False,
+    threads: int | None = 1,
+):
     """numbapool.max_pool on a dask array: lazy, chunk by chunk, the same result.
 
     ``threads``: numbapool's threads in each task, 1 by default (dask runs the tasks in
     parallel already); None leaves the worker process's setting."""
-    return _windowed("MaxPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
-                     threads, return_indices=bool(return_indices),
-                     storage_order=storage_order)
+    return _windowed(
+        "MaxPool",
+        x,
+        kernel_shape,
+        strides,
+        pads,
+        auto_pad,
+        ceil_mode,
+        dilations,
+        threads,
+        return_indices=bool(return_indices),
+        storage_order=storage_order,
+    )
 
 
-def average_pool(x, kernel_shape, *, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
-                 dilations=None, count_include_pad=0, threads: int | None = 1):
+def average_pool(
+    x,
+    kernel_shape,
+    *,
+    strides=None,
+    pads=None,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    dilations=None,
+    count_include_pad=0,
+    threads: int | None = 1,
+):
     """numbapool.average_pool on a dask array: lazy, chunk by chunk, the same result.
 
     ``threads``: numbapool's threads in each task, 1 by default (dask runs the tasks in
     parallel already); None leaves the worker process's setting."""
-    return _windowed("AveragePool", x, kernel_shape, strides, pads, auto_pad, ceil_mode,
-                     dilations, threads, count_include_pad=count_include_pad)
+    return _windowed(
+        "AveragePool",
+        x,
+        kernel_shape,
+        strides,
+        pads,
+        auto_pad,
+        ceil_mode,
+        dilations,
+        threads,
+        count_include_pad=count_include_pad,
+    )
 
 
-def lp_pool(x, kernel_shape, *, p=2, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
-            dilations=None, threads: int | None = 1):
+def lp_pool(
+    x,
+    kernel_shape,
+    *,
+    p=2,
+    strides=None,
+    pads=None,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    dilations=None,
+    threads: int | None = 1,
+):
     """numbapool.lp_pool on a dask array: lazy, chunk by chunk, the same result.
 
     ``threads``: numbapool's threads in each task, 1 by default (dask runs the tasks in
     parallel already); None leaves the worker process's setting."""
-    return _windowed("LpPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations,
-                     threads, p=p)
+    return _windowed(
+        "LpPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations, threads, p=p
+    )
 
 
 # --------------------------------------------------------------------------- global pools
@@ -214,9 +292,9 @@ def _pieces(op: str, x) -> da.Array:
     channels = max(x.chunks[0], default=1) * max(x.chunks[1], default=1)
     per_channel = max(1, budget // max(channels, 1))
     axis = 0  # the first spatial axis whose inner rows fit
-    while math.prod(spatial[axis + 1:]) > per_channel:
+    while math.prod(spatial[axis + 1 :]) > per_channel:
         axis += 1
-    run = max(1, min(spatial[axis], per_channel // math.prod(spatial[axis + 1:])))
+    run = max(1, min(spatial[axis], per_channel // math.prod(spatial[axis + 1 :])))
     chunks = {2 + a: 1 for a in range(axis)}
     chunks[2 + axis] = run
     chunks.update({2 + a: -1 for a in range(axis + 1, len(spatial))})
@@ -227,7 +305,7 @@ def _pieces(op: str, x) -> da.Array:
 def _in_order(parts: list, combine, fan_in: int = 8):
     """A tree of ``combine`` over ``parts``, each call on consecutive parts in order."""
     while len(parts) > 1:
-        parts = [combine(*parts[i:i + fan_in]) for i in range(0, len(parts), fan_in)]
+        parts = [combine(*parts[i : i + fan_in]) for i in range(0, len(parts), fan_in)]
     return parts[0]
 
 
@@ -261,10 +339,13 @@ def global_max_pool(x, *, threads: int | None = 1):
     task = dask.delayed(_on_threads, pure=True)
     combine = dask.delayed(_first_maximum, pure=True)
     return _by_channel_block(
-        "GlobalMaxPool", x,
+        "GlobalMaxPool",
+        x,
         lambda pieces, n, c: _in_order(
             [task(threads, numbapool.global_max_pool, p) for p in pieces],
-            lambda *maxima: combine(threads, *maxima)))
+            lambda *maxima: combine(threads, *maxima),
+        ),
+    )
 
 
 def _global_sums(op: str, x, threads: int | None, p: float = 2.0) -> da.Array:

@@ -19,8 +19,9 @@ try:
     from onnx.reference.op_run import OpRun
 except ModuleNotFoundError as error:  # the onnx extra is not installed
     raise ImportError(
-        f"numbapool.onnx needs the onnx package ({error}): pip install -e \".[onnx]\" from a "
-        "checkout, or pip install \"onnx>=1.23\"") from error
+        f'numbapool.onnx needs the onnx package ({error}): pip install -e ".[onnx]" from a '
+        'checkout, or pip install "onnx>=1.23"'
+    ) from error
 
 import numbapool
 
@@ -54,26 +55,37 @@ class _Pooling(OpRun):
         for attribute in onnx_node.attribute:
             known = schema.attributes.get(attribute.name)
             if known is None:
-                raise ValueError(f"{self.name_version} (opset {opset}) has no attribute "
-                                 f"{attribute.name!r}; it has {sorted(schema.attributes)}")
+                raise ValueError(
+                    f"{self.name_version} (opset {opset}) has no attribute "
+                    f"{attribute.name!r}; it has {sorted(schema.attributes)}"
+                )
             if attribute.type != known.type:
-                raise TypeError(f"{self.name_version}: attribute {attribute.name!r} must be "
-                                f"{onnx.AttributeProto.AttributeType.Name(known.type)}, got "
-                                f"{onnx.AttributeProto.AttributeType.Name(attribute.type)}")
+                raise TypeError(
+                    f"{self.name_version}: attribute {attribute.name!r} must be "
+                    f"{onnx.AttributeProto.AttributeType.Name(known.type)}, got "
+                    f"{onnx.AttributeProto.AttributeType.Name(attribute.type)}"
+                )
         outputs = len(schema.outputs)
         if len(onnx_node.output) > outputs:
-            raise ValueError(f"{self.name_version} has {outputs} output(s), the node asks for "
-                             f"{len(onnx_node.output)}")
+            raise ValueError(
+                f"{self.name_version} has {outputs} output(s), the node asks for "
+                f"{len(onnx_node.output)}"
+            )
         super().__init__(onnx_node, run_params, schema=schema)
-        self._allowed = {t for c in schema.type_constraints
-                         if c.type_param_str == schema.inputs[0].type_str
-                         for t in c.allowed_type_strs}
+        self._allowed = {
+            t
+            for c in schema.type_constraints
+            if c.type_param_str == schema.inputs[0].type_str
+            for t in c.allowed_type_strs
+        }
 
     def _input(self, x) -> np.ndarray:
         x = np.asarray(x)
         if _TENSOR_TYPES.get(x.dtype) not in self._allowed:
-            raise TypeError(f"{self.name_version} does not take {x.dtype} input; it takes "
-                            f"{', '.join(sorted(self._allowed))}")
+            raise TypeError(
+                f"{self.name_version} does not take {x.dtype} input; it takes "
+                f"{', '.join(sorted(self._allowed))}"
+            )
         return x
 
 
@@ -86,15 +98,26 @@ def _window(attributes: dict) -> dict:
 class MaxPool(_Pooling):
     def _run(self, X, kernel_shape=None, storage_order=0, **attributes):
         wants_indices = len(self.onnx_node.output) > 1 and self.onnx_node.output[1] != ""
-        result = numbapool.max_pool(self._input(X), kernel_shape, storage_order=storage_order,
-                                    return_indices=wants_indices, **_window(attributes))
+        result = numbapool.max_pool(
+            self._input(X),
+            kernel_shape,
+            storage_order=storage_order,
+            return_indices=wants_indices,
+            **_window(attributes),
+        )
         return result if wants_indices else (result,)
 
 
 class AveragePool(_Pooling):
     def _run(self, X, kernel_shape=None, count_include_pad=0, **attributes):
-        return (numbapool.average_pool(self._input(X), kernel_shape,
-                                       count_include_pad=count_include_pad, **_window(attributes)),)
+        return (
+            numbapool.average_pool(
+                self._input(X),
+                kernel_shape,
+                count_include_pad=count_include_pad,
+                **_window(attributes),
+            ),
+        )
 
 
 class LpPool(_Pooling):
@@ -121,8 +144,16 @@ class MaxUnpool(_Pooling):
     def _run(self, X, I, output_shape=None, kernel_shape=None, strides=None, pads=None):
         if output_shape is not None:
             output_shape = [int(size) for size in np.asarray(output_shape).reshape(-1)]
-        return (numbapool.max_unpool(self._input(X), I, kernel_shape, strides=strides, pads=pads,
-                                     output_shape=output_shape),)
+        return (
+            numbapool.max_unpool(
+                self._input(X),
+                I,
+                kernel_shape,
+                strides=strides,
+                pads=pads,
+                output_shape=output_shape,
+            ),
+        )
 
 
 ops = [MaxPool, AveragePool, LpPool, GlobalMaxPool, GlobalAveragePool, GlobalLpPool, MaxUnpool]

@@ -6,11 +6,16 @@ import onnx.helper
 
 import numbapool
 
-WINDOW_OPS = {"MaxPool": numbapool.max_pool, "AveragePool": numbapool.average_pool,
-              "LpPool": numbapool.lp_pool}
-GLOBAL_OPS = {"GlobalMaxPool": numbapool.global_max_pool,
-              "GlobalAveragePool": numbapool.global_average_pool,
-              "GlobalLpPool": numbapool.global_lp_pool}
+WINDOW_OPS = {
+    "MaxPool": numbapool.max_pool,
+    "AveragePool": numbapool.average_pool,
+    "LpPool": numbapool.lp_pool,
+}
+GLOBAL_OPS = {
+    "GlobalMaxPool": numbapool.global_max_pool,
+    "GlobalAveragePool": numbapool.global_average_pool,
+    "GlobalLpPool": numbapool.global_lp_pool,
+}
 POOLING_OPS = set(WINDOW_OPS) | set(GLOBAL_OPS) | {"MaxUnpool"}
 
 
@@ -33,6 +38,9 @@ def run_node(node, inputs: list) -> list:
     if node.op_type == "MaxUnpool":
         kernel_shape = attrs.pop("kernel_shape")
         output_shape = inputs[2] if len(inputs) > 2 else None
-        return [numbapool.max_unpool(inputs[0], inputs[1], kernel_shape,
-                                     output_shape=output_shape, **attrs)]
+        return [
+            numbapool.max_unpool(
+                inputs[0], inputs[1], kernel_shape, output_shape=output_shape, **attrs
+            )
+        ]
     raise NotImplementedError(node.op_type)

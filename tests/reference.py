@@ -50,13 +50,15 @@ def _windows(x_shape, kernel_shape, strides, pads, auto_pad, ceil_mode, dilation
     rank = len(spatial)
     strides = strides or [1] * rank
     dilations = dilations or [1] * rank
-    out, begin, end = output_geometry(spatial, kernel_shape, strides, pads, auto_pad,
-                                      ceil_mode, dilations)
+    out, begin, end = output_geometry(
+        spatial, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations
+    )
     for position in itertools.product(*[range(o) for o in out]):
         taps = []
         for tap in itertools.product(*[range(k) for k in kernel_shape]):  # row-major scan
-            coords = [position[i] * strides[i] - begin[i] + tap[i] * dilations[i]
-                      for i in range(rank)]
+            coords = [
+                position[i] * strides[i] - begin[i] + tap[i] * dilations[i] for i in range(rank)
+            ]
             inside = all(0 <= c < n for c, n in zip(coords, spatial))
             padded = all(-b <= c < n + a for c, n, b, a in zip(coords, spatial, begin, end))
             taps.append((tuple(coords) if inside else None, padded))
@@ -72,8 +74,19 @@ def _spatial_offset(coords, spatial, storage_order):
 
 
 @np.errstate(all="ignore")  # inf - inf and NaN arithmetic are part of the tested inputs
-def pool(op, x, kernel_shape, strides=None, pads=None, auto_pad="NOTSET", ceil_mode=0,
-         dilations=None, count_include_pad=0, p=2.0, storage_order=0):
+def pool(
+    op,
+    x,
+    kernel_shape,
+    strides=None,
+    pads=None,
+    auto_pad="NOTSET",
+    ceil_mode=0,
+    dilations=None,
+    count_include_pad=0,
+    p=2.0,
+    storage_order=0,
+):
     """Reference MaxPool / AveragePool / LpPool.
 
     Returns (values as float64, indices) for MaxPool, values as float64 otherwise. MaxPool
@@ -82,16 +95,16 @@ def pool(op, x, kernel_shape, strides=None, pads=None, auto_pad="NOTSET", ceil_m
     """
     n, c = x.shape[:2]
     spatial = x.shape[2:]
-    out, _, _ = output_geometry(spatial, kernel_shape, strides, pads, auto_pad, ceil_mode,
-                                dilations)
+    out, _, _ = output_geometry(
+        spatial, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations
+    )
     wide = x.astype(np.float64)
     if op == "MaxPool":
         y = np.empty((n, c, *out), dtype=x.dtype)
         indices = np.empty((n, c, *out), dtype=np.int64)
     else:
         y = np.empty((n, c, *out), dtype=np.float64)
-    windows = list(_windows(x.shape, kernel_shape, strides, pads, auto_pad, ceil_mode,
-                            dilations))
+    windows = list(_windows(x.shape, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations))
     channel_size = int(np.prod(spatial))
     for b, ch in itertools.product(range(n), range(c)):
         for position, taps in windows:
@@ -106,13 +119,15 @@ def pool(op, x, kernel_shape, strides=None, pads=None, auto_pad="NOTSET", ceil_m
                     if best is None or v > wide[(b, ch, *best)]:
                         best = coords
                 if best is None:
-                    y[(b, ch, *position)] = (np.iinfo(x.dtype).min if x.dtype.kind in "iu"
-                                             else -np.inf)
+                    y[(b, ch, *position)] = (
+                        np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf
+                    )
                     indices[(b, ch, *position)] = -1
                 else:
                     y[(b, ch, *position)] = x[(b, ch, *best)]
-                    indices[(b, ch, *position)] = ((b * c + ch) * channel_size
-                                                   + _spatial_offset(best, spatial, storage_order))
+                    indices[(b, ch, *position)] = (b * c + ch) * channel_size + _spatial_offset(
+                        best, spatial, storage_order
+                    )
             elif op == "AveragePool":
                 total = sum(wide[(b, ch, *t)] for t in inside)
                 count = sum(padded for _, padded in taps) if count_include_pad else len(inside)
@@ -141,8 +156,10 @@ def unpool(x, indices, kernel_shape, strides=None, pads=None, output_shape=None)
     rank = x.ndim - 2
     strides = strides or [1] * rank
     pads = pads or [0] * (2 * rank)
-    default = [(x.shape[2 + i] - 1) * strides[i] + kernel_shape[i] - pads[i] - pads[rank + i]
-               for i in range(rank)]
+    default = [
+        (x.shape[2 + i] - 1) * strides[i] + kernel_shape[i] - pads[i] - pads[rank + i]
+        for i in range(rank)
+    ]
     n, c = x.shape[:2]
     shape = tuple(output_shape) if output_shape is not None else (n, c, *default)
     y = np.zeros(shape, dtype=np.float64)

@@ -13,7 +13,10 @@ from numbapool import _bench, _cases
 def test_bench_command_prints_the_table():
     result = subprocess.run(
         [sys.executable, "-m", "numbapool", "bench", "--quick", "--cases", "tiny", "global max"],
-        capture_output=True, text=True, timeout=600)
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     first = next(line for line in lines if line.startswith("threads: "))
@@ -22,8 +25,10 @@ def test_bench_command_prints_the_table():
         assert len(_cores_named(cores)) == int(threads)
     header = next(i for i, line in enumerate(lines) if line.startswith("| case"))
     columns = [cell.strip() for cell in lines[header].split("|")[1:-1]]
-    rows = [dict(zip(columns, (cell.strip() for cell in line.split("|")[1:-1])))
-            for line in lines[header + 2:]]
+    rows = [
+        dict(zip(columns, (cell.strip() for cell in line.split("|")[1:-1])))
+        for line in lines[header + 2 :]
+    ]
     assert [row["case"] for row in rows] == ["tiny", "global max"]
     peers = [name[:-3] for name in columns[2:] if name.endswith(" ms")]
     assert columns[1] == "numbapool ms" and {"onnxruntime", "torch"} <= set(peers)
@@ -37,10 +42,12 @@ def test_bench_command_prints_the_table():
 
 
 def test_a_row_s_figures():
-    times = {"numbapool": [1.0, 2.0, 3.0, 10.0, 1.0],
-             "slow": [4.0, 4.0, 4.0, 4.0, 4.0],
-             "fast": [0.5, 4.0, 1.0, 5.0, 2.0],
-             "copy": [0.25, 1.0, 1.0, 1.0, 4.0]}  # a copy of 2000 bytes, round by round
+    times = {
+        "numbapool": [1.0, 2.0, 3.0, 10.0, 1.0],
+        "slow": [4.0, 4.0, 4.0, 4.0, 4.0],
+        "fast": [0.5, 4.0, 1.0, 5.0, 2.0],
+        "copy": [0.25, 1.0, 1.0, 1.0, 4.0],
+    }  # a copy of 2000 bytes, round by round
     row = _bench.summarize("case", times, bytes_moved=4_000, copy_bytes=2_000)
     assert row["numbapool ms"] == 2000.0 and row["fast ms"] == 2000.0 and row["slow ms"] == 4000.0
     # per-round ratios to "fast": 2, 0.5, 3, 2, 0.5 -> median 2, where the medians' ratio is 1
@@ -100,19 +107,26 @@ def test_pinning_holds_threads_started_before_and_after():
     assert result.stdout.split() == ["True"] * 4
 
 
-@pytest.mark.parametrize("arguments, words", [
-    (["--rounds", "0"], "--rounds: need at least 1 round, got 0"),
-    (["--threads", "0"], "--threads: between 1 and"),
-])
+@pytest.mark.parametrize(
+    "arguments, words",
+    [
+        (["--rounds", "0"], "--rounds: need at least 1 round, got 0"),
+        (["--threads", "0"], "--threads: between 1 and"),
+    ],
+)
 def test_bench_rejects_bad_counts(arguments, words):
-    result = subprocess.run([sys.executable, "-m", "numbapool", "bench", *arguments],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "numbapool", "bench", *arguments], capture_output=True, text=True
+    )
     assert result.returncode == 2 and words in result.stderr
 
 
 def test_bench_rejects_an_unknown_case():
-    result = subprocess.run([sys.executable, "-m", "numbapool", "bench", "--cases", "nope"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "numbapool", "bench", "--cases", "nope"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2 and "unknown case 'nope'" in result.stderr
 
 
@@ -133,20 +147,30 @@ def test_stream_copy_copies():
 
 
 def test_scaling_report():
-    result = subprocess.run([sys.executable, "-m", "numbapool", "bench", "--quick", "--scaling"],
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-m", "numbapool", "bench", "--quick", "--scaling"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr
-    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines()
-            if line.startswith("| ") and not line.startswith("| case") and "---" not in line]
+    rows = [
+        line.split("|")[1:-1]
+        for line in result.stdout.splitlines()
+        if line.startswith("| ") and not line.startswith("| case") and "---" not in line
+    ]
     names = [row[0].strip() for row in rows]
     assert names[:3] == ["N*C = 1", "lp p=3 3x3", "big kernel"]
     header = next(line for line in result.stdout.splitlines() if line.startswith("| case"))
     n = _bench.thread_ladder(numba.config.NUMBA_NUM_THREADS)
-    assert [cell.strip() for cell in header.split("|")[3:3 + len(n)]] == [
-        f"{c} thread{'s' if c > 1 else ''} ms" for c in n]
+    assert [cell.strip() for cell in header.split("|")[3 : 3 + len(n)]] == [
+        f"{c} thread{'s' if c > 1 else ''} ms" for c in n
+    ]
     # the machine's arithmetic alone, beside the pools
-    assert names[-2:] == ["float64 square roots (no pooling)",
-                          "8 chained products and sums (no pooling)"]
+    assert names[-2:] == [
+        "float64 square roots (no pooling)",
+        "8 chained products and sums (no pooling)",
+    ]
     for row in rows:
         assert all(float(cell) > 0 for cell in row[1:])
 
@@ -175,8 +199,22 @@ def test_bench_under_load_prints_both_thread_counts_and_stops_its_busy_processes
     spinning on core 0, which is gone once the command ends."""
     before = set(os.listdir("/proc")) if os.path.isdir("/proc") else None
     result = subprocess.run(
-        [sys.executable, "-m", "numbapool", "bench", "--quick", "--busy", "0",
-         "--cases", "tiny", "global max"], capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "numbapool",
+            "bench",
+            "--quick",
+            "--busy",
+            "0",
+            "--cases",
+            "tiny",
+            "global max",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     first = next(line for line in lines if line.startswith("threads: "))
@@ -184,9 +222,16 @@ def test_bench_under_load_prints_both_thread_counts_and_stops_its_busy_processes
     assert "threading layer: " in first and first.endswith("cores 0")
     header = next(i for i, line in enumerate(lines) if line.startswith("| case"))
     columns = [cell.strip() for cell in lines[header].split("|")[1:-1]]
-    assert columns == ["case", f"quiet {n} threads ms", "quiet 1 thread ms", f"quiet {n} / 1",
-                       f"busy {n} threads ms", "busy 1 thread ms", f"busy {n} / 1"]
-    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines[header + 2:]]
+    assert columns == [
+        "case",
+        f"quiet {n} threads ms",
+        "quiet 1 thread ms",
+        f"quiet {n} / 1",
+        f"busy {n} threads ms",
+        "busy 1 thread ms",
+        f"busy {n} / 1",
+    ]
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines[header + 2 :]]
     assert [row[0] for row in rows] == ["tiny", "global max"]
     assert all(float(cell) > 0 for row in rows for cell in row[1:])
     if before is not None:  # no spinning child left behind
@@ -199,6 +244,9 @@ def test_bench_under_load_prints_both_thread_counts_and_stops_its_busy_processes
 
 
 def test_bench_under_load_rejects_a_core_it_may_not_use():
-    result = subprocess.run([sys.executable, "-m", "numbapool", "bench", "--busy", "4096"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "numbapool", "bench", "--busy", "4096"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2 and "core 4096" in result.stderr

@@ -14,8 +14,13 @@ from numbapool import _warmup
 
 
 def run_numbapool(*args, env=None, timeout=600):
-    return subprocess.run([sys.executable, "-m", "numbapool", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "numbapool", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def test_info_json_is_valid_and_complete():
@@ -38,8 +43,9 @@ def test_info_text_shows_threads_in_force():
 
 
 def test_warmup_command_compiles_with_a_progress_bar_when_asked():
-    result = run_numbapool("warmup", "--ops", "GlobalMaxPool", "--dtypes", "float32", "float64",
-                           "--progress")
+    result = run_numbapool(
+        "warmup", "--ops", "GlobalMaxPool", "--dtypes", "float32", "float64", "--progress"
+    )
     assert result.returncode == 0, result.stderr
     assert "2 operator and dtype pairs ready" in result.stdout
     assert "numbapool warmup" in result.stderr and "2/2" in result.stderr
@@ -67,8 +73,9 @@ def test_warmup_command_names_a_bad_operator():
 def test_warmup_skips_dtypes_an_operator_does_not_allow(monkeypatch):
     # what warmup chooses to exercise, not the compiling itself (other tests do that)
     exercised = []
-    monkeypatch.setattr(_warmup, "_exercise",
-                        lambda op, dtype, window=None: exercised.append((op, dtype)))
+    monkeypatch.setattr(
+        _warmup, "_exercise", lambda op, dtype, window=None: exercised.append((op, dtype))
+    )
     done = numbapool.warmup(["AveragePool", "MaxPool"], ["uint8"], progress=False, processes=1)
     assert done == [("MaxPool", "uint8")]
     assert set(exercised) == {("MaxPool", np.dtype(np.uint8))}
@@ -82,15 +89,18 @@ def test_warmup_skips_dtypes_an_operator_does_not_allow(monkeypatch):
 def test_unwritable_cache_directory_warns_once_and_still_works(tmp_path):
     not_a_directory = tmp_path / "file"
     not_a_directory.write_text("")
-    script = ("import warnings, numpy as np\n"
-              "warnings.simplefilter('always')\n"
-              "import numbapool\n"
-              "x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)\n"
-              "print(numbapool.max_pool(x, [2, 2], strides=[2, 2]).ravel().tolist())\n"
-              "print(numbapool.max_pool(x, [2, 2], strides=[2, 2]).ravel().tolist())\n")
+    script = (
+        "import warnings, numpy as np\n"
+        "warnings.simplefilter('always')\n"
+        "import numbapool\n"
+        "x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)\n"
+        "print(numbapool.max_pool(x, [2, 2], strides=[2, 2]).ravel().tolist())\n"
+        "print(numbapool.max_pool(x, [2, 2], strides=[2, 2]).ravel().tolist())\n"
+    )
     env = {**os.environ, "NUMBA_CACHE_DIR": str(not_a_directory / "cache")}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            env=env, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["[5.0, 7.0, 13.0, 15.0]"] * 2
     assert result.stderr.count("RuntimeWarning") == 1
@@ -99,18 +109,21 @@ def test_unwritable_cache_directory_warns_once_and_still_works(tmp_path):
 
 def test_read_only_install_and_home_warn_once_and_still_work():
     # Every directory refuses new files, as on a read-only install with no writable home.
-    script = ("import tempfile, warnings\n"
-              "def refuse(*args, **kwargs):\n"
-              "    raise PermissionError(13, 'Read-only file system')\n"
-              "tempfile.TemporaryFile = refuse\n"
-              "warnings.simplefilter('always')\n"
-              "import numpy as np, numbapool\n"
-              "from numbapool import _cache\n"
-              "print(_cache.CACHE_DIRECTORY)\n"
-              "print(numbapool.global_max_pool(np.arange(6.0).reshape(1, 2, 3)).ravel().tolist())\n")
+    script = (
+        "import tempfile, warnings\n"
+        "def refuse(*args, **kwargs):\n"
+        "    raise PermissionError(13, 'Read-only file system')\n"
+        "tempfile.TemporaryFile = refuse\n"
+        "warnings.simplefilter('always')\n"
+        "import numpy as np, numbapool\n"
+        "from numbapool import _cache\n"
+        "print(_cache.CACHE_DIRECTORY)\n"
+        "print(numbapool.global_max_pool(np.arange(6.0).reshape(1, 2, 3)).ravel().tolist())\n"
+    )
     env = {key: value for key, value in os.environ.items() if key != "NUMBA_CACHE_DIR"}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            env=env, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["None", "[2.0, 5.0]"]
     assert result.stderr.count("RuntimeWarning") == 1
@@ -120,8 +133,7 @@ def test_read_only_install_and_home_warn_once_and_still_work():
 def test_console_script_is_installed():
     script = os.path.join(os.path.dirname(sys.executable), "numbapool")
     assert os.path.exists(script), "pip install puts the numbapool script beside python"
-    result = subprocess.run([script, "info", "--json"], capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run([script, "info", "--json"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["numbapool"] == numbapool.__version__
 
@@ -129,52 +141,55 @@ def test_console_script_is_installed():
 def test_warmup_reaches_every_windowed_kernel():
     # in a fresh process: whatever warmup leaves uncompiled shows as a kernel without a
     # compiled signature
-    script = ("import numbapool\n"
-              "from numbapool._kernels import (columns, fixed, indexed, max_planes, maxima,\n"
-              "                                planes, sums, wide)\n"
-              "numbapool.warmup(['MaxPool', 'AveragePool', 'LpPool'], ['float32'],\n"
-              "                 progress=False)\n"
-              "from numbapool._kernels import parallel\n"
-              "kernels = [maxima.max_pool_units_with_indices, parallel.run_in_parallel]\n"
-              "missing = sorted(k.py_func.__name__ for k in kernels if not k.signatures)\n"
-              "# a kernel specialized per kind: a signature ending with each kind's literals\n"
-              "from numbapool._kernels.entry import EntryPoint\n"
-              "# (float32: zeros and NaNs are retaken, check_ties; no vector_fold)\n"
-              "entries = [EntryPoint(columns.column_units, (width, step, True, False, planes))\n"
-              "           for width, step in columns.COLUMN_KINDS for planes in (False, True)]\n"
-              "# AveragePool's kind of p, its windows 3 taps wide and the others; LpPool's\n"
-              "entries += [EntryPoint(sums.sum_pool_units, (0, three)) for three in (False, True)]\n"
-              "entries += [EntryPoint(sums.sum_pool_units, (p, False)) for p in range(1, 5)]\n"
-              "entries += [EntryPoint(planes.plane_sum_units, (p, step)) for p in (0, 2)\n"
-              "            for step in (1, 2)]\n"
-              "entries += [EntryPoint(wide.wide_sum_units, (p, step)) for p in (0, 2)\n"
-              "            for step in wide.COLUMN_STEPS]\n"
-              "entries += [EntryPoint(indexed.indexed_max_units, (step,)) for step in (1, 2)]\n"
-              "entries += [EntryPoint(max_planes.max_plane_units, (True,))]\n"
-              "for max_units, sum_units in fixed.FIXED_WINDOWS.values():\n"
-              "    entries += [max_units, *sum_units]  # MaxPool's, each kind of p's\n"
-              "for entry in entries:\n"
-              "    kinds = [tuple(getattr(t, 'literal_value', None) for t in s[-len(entry.kinds):])\n"
-              "             for s in entry.kernel.signatures]\n"
-              "    if entry.kinds not in kinds:\n"
-              "        missing.append((entry.kernel.py_func.__name__, entry.kinds))\n"
-              "# AveragePool's 3x3 over small planes and its wide windows, MaxPool with\n"
-              "# Indices over 2-D windows and without over small planes, at a parallel size:\n"
-              "# their drivers too\n"
-              "import numpy as np\n"
-              "from numba.core import event\n"
-              "with event.install_recorder('numba:compile') as compiles:\n"
-              "    for step in (1, 2):\n"
-              "        x = np.ones((1, 4, 64, 64), np.float32)\n"
-              "        numbapool.average_pool(x, [3, 3], strides=[step, step], pads=[1, 1, 1, 1])\n"
-              "        numbapool.average_pool(x, [5, 5], strides=[step, step])\n"
-              "        numbapool.max_pool(x, [3, 3], strides=[step, step], return_indices=True)\n"
-              "    numbapool.max_pool(np.ones((1, 4, 32, 32), np.float32), [5, 5], pads=[2] * 4)\n"
-              "    parallel.wait_for_drivers()\n"
-              "missing += [e.data['dispatcher'].py_func.__name__ for _, e in compiles.buffer]\n"
-              "print(missing)\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=600)
+    script = (
+        "import numbapool\n"
+        "from numbapool._kernels import (columns, fixed, indexed, max_planes, maxima,\n"
+        "                                planes, sums, wide)\n"
+        "numbapool.warmup(['MaxPool', 'AveragePool', 'LpPool'], ['float32'],\n"
+        "                 progress=False)\n"
+        "from numbapool._kernels import parallel\n"
+        "kernels = [maxima.max_pool_units_with_indices, parallel.run_in_parallel]\n"
+        "missing = sorted(k.py_func.__name__ for k in kernels if not k.signatures)\n"
+        "# a kernel specialized per kind: a signature ending with each kind's literals\n"
+        "from numbapool._kernels.entry import EntryPoint\n"
+        "# (float32: zeros and NaNs are retaken, check_ties; no vector_fold)\n"
+        "entries = [EntryPoint(columns.column_units, (width, step, True, False, planes))\n"
+        "           for width, step in columns.COLUMN_KINDS for planes in (False, True)]\n"
+        "# AveragePool's kind of p, its windows 3 taps wide and the others; LpPool's\n"
+        "entries += [EntryPoint(sums.sum_pool_units, (0, three)) for three in (False, True)]\n"
+        "entries += [EntryPoint(sums.sum_pool_units, (p, False)) for p in range(1, 5)]\n"
+        "entries += [EntryPoint(planes.plane_sum_units, (p, step)) for p in (0, 2)\n"
+        "            for step in (1, 2)]\n"
+        "entries += [EntryPoint(wide.wide_sum_units, (p, step)) for p in (0, 2)\n"
+        "            for step in wide.COLUMN_STEPS]\n"
+        "entries += [EntryPoint(indexed.indexed_max_units, (step,)) for step in (1, 2)]\n"
+        "entries += [EntryPoint(max_planes.max_plane_units, (True,))]\n"
+        "for max_units, sum_units in fixed.FIXED_WINDOWS.values():\n"
+        "    entries += [max_units, *sum_units]  # MaxPool's, each kind of p's\n"
+        "for entry in entries:\n"
+        "    kinds = [tuple(getattr(t, 'literal_value', None) for t in s[-len(entry.kinds):])\n"
+        "             for s in entry.kernel.signatures]\n"
+        "    if entry.kinds not in kinds:\n"
+        "        missing.append((entry.kernel.py_func.__name__, entry.kinds))\n"
+        "# AveragePool's 3x3 over small planes and its wide windows, MaxPool with\n"
+        "# Indices over 2-D windows and without over small planes, at a parallel size:\n"
+        "# their drivers too\n"
+        "import numpy as np\n"
+        "from numba.core import event\n"
+        "with event.install_recorder('numba:compile') as compiles:\n"
+        "    for step in (1, 2):\n"
+        "        x = np.ones((1, 4, 64, 64), np.float32)\n"
+        "        numbapool.average_pool(x, [3, 3], strides=[step, step], pads=[1, 1, 1, 1])\n"
+        "        numbapool.average_pool(x, [5, 5], strides=[step, step])\n"
+        "        numbapool.max_pool(x, [3, 3], strides=[step, step], return_indices=True)\n"
+        "    numbapool.max_pool(np.ones((1, 4, 32, 32), np.float32), [5, 5], pads=[2] * 4)\n"
+        "    parallel.wait_for_drivers()\n"
+        "missing += [e.data['dispatcher'].py_func.__name__ for _, e in compiles.buffer]\n"
+        "print(missing)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
@@ -186,8 +201,12 @@ def test_warmup_tasks_take_the_dtypes_in_turn():
     tasks = _warmup._tasks(pairs)
     windows = len(list(_warmup._windows()))
     assert len(tasks) == len(set(tasks)) == 2 * windows + 1
-    assert tasks[:4] == [("MaxPool", "float16", 0), ("MaxPool", "float32", 0),
-                         ("MaxPool", "float16", 1), ("MaxPool", "float32", 1)]
+    assert tasks[:4] == [
+        ("MaxPool", "float16", 0),
+        ("MaxPool", "float32", 0),
+        ("MaxPool", "float16", 1),
+        ("MaxPool", "float32", 1),
+    ]
     assert tasks[-1] == ("MaxUnpool", "float32", None)
 
 
@@ -217,8 +236,18 @@ def test_warmup_raises_the_error_of_a_task_in_a_worker(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(_FAILING_TASK)
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
-    result = run_numbapool("warmup", "--ops", "GlobalMaxPool", "--dtypes", "float32",
-                           "float64", "--processes", "2", env=env, timeout=300)
+    result = run_numbapool(
+        "warmup",
+        "--ops",
+        "GlobalMaxPool",
+        "--dtypes",
+        "float32",
+        "float64",
+        "--processes",
+        "2",
+        env=env,
+        timeout=300,
+    )
     assert result.returncode != 0
     assert "RuntimeError: a task failed in a worker" in result.stderr
     assert "_compile_in_workers" in result.stderr

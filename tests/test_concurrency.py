@@ -22,8 +22,9 @@ RNG = np.random.default_rng(5)
 X = RNG.standard_normal((2, 8, 48, 48)).astype(np.float32)
 
 CALLS = {
-    "max_pool": lambda x: numbapool.max_pool(x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
-                                             return_indices=True),
+    "max_pool": lambda x: numbapool.max_pool(
+        x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1], return_indices=True
+    ),
     "average_pool": lambda x: numbapool.average_pool(x, [3, 3], pads=[1, 1, 1, 1]),
     "lp_pool": lambda x: numbapool.lp_pool(x, [2, 3], p=3),
     "global_max_pool": numbapool.global_max_pool,
@@ -102,15 +103,17 @@ def test_a_parallel_kernel_runs_on_the_count_it_is_given_and_restores_numbas():
         assert set(ids) == {0} and set(counts) == {1} and after == 2
         numba.set_num_threads(1)
         with numbapool.threads(2):  # and numbapool's calls leave numba's setting alone
-            np.testing.assert_array_equal(numbapool.global_average_pool(X),
-                                          results()["global_average_pool"][0])
+            np.testing.assert_array_equal(
+                numbapool.global_average_pool(X), results()["global_average_pool"][0]
+            )
         assert numba.get_num_threads() == 1
     finally:
         numba.set_num_threads(numba_before)
 
 
-@pytest.mark.parametrize("bad, error", [(0, ValueError), (10**6, ValueError), ("2", TypeError),
-                                        (1.5, TypeError)])
+@pytest.mark.parametrize(
+    "bad, error", [(0, ValueError), (10**6, ValueError), ("2", TypeError), (1.5, TypeError)]
+)
 def test_bad_thread_counts_name_the_value(bad, error):
     with pytest.raises(error, match=repr(bad) if error is TypeError else str(bad)):
         numbapool.set_num_threads(bad)
@@ -195,14 +198,18 @@ print(float(y.sum()), int(i.sum()))
 """
 
 
-@pytest.mark.parametrize("setting", [
-    {"NUMBA_THREADING_LAYER": "workqueue"},  # asked for by name
-    {"NUMBA_THREADING_LAYER_PRIORITY": "workqueue omp tbb"},  # chosen by default, as where
-])                                                            # neither OpenMP nor TBB exists
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"NUMBA_THREADING_LAYER": "workqueue"},  # asked for by name
+        {"NUMBA_THREADING_LAYER_PRIORITY": "workqueue omp tbb"},  # chosen by default, as where
+    ],
+)  # neither OpenMP nor TBB exists
 def test_workqueue_layer_does_not_abort_under_threads(setting):
     env = {**os.environ, **setting}
-    result = subprocess.run([sys.executable, "-c", _SCRIPT, "4"], capture_output=True, text=True,
-                            env=env, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, "4"], capture_output=True, text=True, env=env, timeout=900
+    )
     assert result.returncode == 0, result.stderr
     y, i = numbapool.max_pool(X, [3, 3], pads=[1, 1, 1, 1], return_indices=True)
     assert result.stdout.split() == [str(float(y.sum())), str(int(i.sum()))]
@@ -220,9 +227,16 @@ print([float(o.astype(np.float64).sum()) for o in outs])
 
 def _four_processes(cache_dir) -> str:
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir)}
-    processes = [subprocess.Popen([sys.executable, "-c", _CACHE_SCRIPT], env=env, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                 for _ in range(4)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CACHE_SCRIPT],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(4)
+    ]
     outputs = [process.communicate(timeout=900) for process in processes]
     for process, (_, stderr) in zip(processes, outputs):
         assert process.returncode == 0, stderr
@@ -238,7 +252,6 @@ def test_four_processes_on_one_empty_cache_then_on_it_warm(tmp_path):
     y, i = numbapool.max_pool(X, [3, 3], pads=[1, 1, 1, 1], return_indices=True)
     expected = [y, i, numbapool.max_pool(X, [3, 3], strides=[2, 2]), numbapool.global_max_pool(X)]
     assert first.strip() == str([float(o.astype(np.float64).sum()) for o in expected])
-
 
 
 # Entries saved to one kernel's disk cache by several processes at the same moment: each
@@ -268,9 +281,13 @@ def test_processes_saving_to_one_kernel_at_once_lose_no_entry(tmp_path):
     processes, count = 4, 40
 
     def run(process, start):
-        return subprocess.Popen([sys.executable, "-c", _SAVE_SCRIPT, str(process), str(start),
-                                 str(count)], env=env, text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+        return subprocess.Popen(
+            [sys.executable, "-c", _SAVE_SCRIPT, str(process), str(start), str(count)],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
 
     start = time.time() + 3  # every saver started and waiting by then
     savers = [run(process, start) for process in range(processes)]
@@ -310,22 +327,29 @@ def _tbb_installed() -> bool:
     return True
 
 
-@pytest.mark.parametrize("requested, expected", [
-    (None, "tbb"),  # numba's default choice, TBB first, takes the tbb wheel's library
-    ("omp", "omp"),  # a layer asked for by name is left as asked
-])
+@pytest.mark.parametrize(
+    "requested, expected",
+    [
+        (None, "tbb"),  # numba's default choice, TBB first, takes the tbb wheel's library
+        ("omp", "omp"),  # a layer asked for by name is left as asked
+    ],
+)
 def test_tbb_layer_where_the_tbb_wheel_is_installed(requested, expected):
     """Where the ``tbb`` wheel is installed (a dependency on the platforms it is built
     for), numba's default threading layer is TBB, whose scheduler keeps a call from
     waiting on a thread that lost its core; a layer named in NUMBA_THREADING_LAYER wins."""
     if not _tbb_installed():
         pytest.skip("no tbb wheel for this platform (pyproject.toml's markers)")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY")
+    }
     if requested:
         env["NUMBA_THREADING_LAYER"] = requested
-    result = subprocess.run([sys.executable, "-c", _LAYER_SCRIPT], capture_output=True,
-                            text=True, env=env, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-c", _LAYER_SCRIPT], capture_output=True, text=True, env=env, timeout=900
+    )
     assert result.returncode == 0, result.stderr
     layer, total = result.stdout.split()
     assert layer == expected

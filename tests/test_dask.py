@@ -19,8 +19,9 @@ FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=":0") as cluster:
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster:
         with distributed.Client(cluster) as client:
             yield client
 
@@ -28,14 +29,20 @@ def client():
 def random_input(rng, dtype):
     rank = int(rng.integers(1, 4))
     side = {1: 23, 2: 11, 3: 6}[rank]
-    shape = (int(rng.integers(1, 3)), int(rng.integers(1, 4)),
-             *(int(rng.integers(1, side + 1)) for _ in range(rank)))
+    shape = (
+        int(rng.integers(1, 3)),
+        int(rng.integers(1, 4)),
+        *(int(rng.integers(1, side + 1)) for _ in range(rank)),
+    )
     if np.dtype(dtype).kind in "iu":
         info = np.iinfo(dtype)
         values = rng.choice([info.min, 0, 1, 5, info.max], size=shape)
     else:  # few distinct values (ties), signed zeros, infinities and NaN now and then
-        values = rng.choice([-2.5, -1.0, -0.0, 0.0, 0.5, 3.0, 7.25, np.inf, -np.inf, np.nan],
-                            size=shape, p=[.14, .14, .1, .1, .14, .14, .14, .04, .03, .03])
+        values = rng.choice(
+            [-2.5, -1.0, -0.0, 0.0, 0.5, 3.0, 7.25, np.inf, -np.inf, np.nan],
+            size=shape,
+            p=[0.14, 0.14, 0.1, 0.1, 0.14, 0.14, 0.14, 0.04, 0.03, 0.03],
+        )
         values = values * rng.choice([1.0, 1.0001, 0.37], size=shape)
     return np.asarray(values).astype(dtype)
 
@@ -78,9 +85,11 @@ def assert_bitwise_equal(got, expected):
     assert got.tobytes() == expected.tobytes()
 
 
-WINDOWED = {"MaxPool": (numbapool.max_pool, nd.max_pool),
-            "AveragePool": (numbapool.average_pool, nd.average_pool),
-            "LpPool": (numbapool.lp_pool, nd.lp_pool)}
+WINDOWED = {
+    "MaxPool": (numbapool.max_pool, nd.max_pool),
+    "AveragePool": (numbapool.average_pool, nd.average_pool),
+    "LpPool": (numbapool.lp_pool, nd.lp_pool),
+}
 
 
 @pytest.mark.parametrize("op", sorted(WINDOWED))
@@ -97,18 +106,27 @@ def test_windowed_pools_random_chunkings(client, op):
         except ValueError:  # e.g. a window larger than the padded input
             continue
         lazy = on_dask(da.from_array(x, chunks=random_chunks(rng, x.shape)), **attributes)
-        got = client.compute(lazy).result() if not isinstance(lazy, tuple) else \
-            tuple(f.result() for f in client.compute(list(lazy)))
-        for g, e in zip(got if isinstance(got, tuple) else (got,),
-                        expected if isinstance(expected, tuple) else (expected,)):
+        got = (
+            client.compute(lazy).result()
+            if not isinstance(lazy, tuple)
+            else tuple(f.result() for f in client.compute(list(lazy)))
+        )
+        for g, e in zip(
+            got if isinstance(got, tuple) else (got,),
+            expected if isinstance(expected, tuple) else (expected,),
+        ):
             assert_bitwise_equal(np.asarray(g), e)
         checked += 1
 
 
-GLOBAL = {"GlobalMaxPool": (numbapool.global_max_pool, nd.global_max_pool),
-          "GlobalAveragePool": (numbapool.global_average_pool, nd.global_average_pool),
-          "GlobalLpPool": (lambda x: numbapool.global_lp_pool(x, p=3),
-                           lambda x: nd.global_lp_pool(x, p=3))}
+GLOBAL = {
+    "GlobalMaxPool": (numbapool.global_max_pool, nd.global_max_pool),
+    "GlobalAveragePool": (numbapool.global_average_pool, nd.global_average_pool),
+    "GlobalLpPool": (
+        lambda x: numbapool.global_lp_pool(x, p=3),
+        lambda x: nd.global_lp_pool(x, p=3),
+    ),
+}
 
 
 @pytest.mark.parametrize("op", sorted(GLOBAL))
@@ -152,8 +170,12 @@ def test_output_chunks_are_regular():
     y = nd.max_pool(x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     # 50 x 30 outputs; the windows of 25 and 30 input elements at stride 2: 13 and 15
     assert y.chunks == ((1, 1), (2, 1), (13, 13, 13, 11), (15, 15))
-    assert y.shape == numbapool.plan("MaxPool", x.shape, x.dtype, [3, 3], strides=[2, 2],
-                                     pads=[1, 1, 1, 1]).out_shape
+    assert (
+        y.shape
+        == numbapool.plan(
+            "MaxPool", x.shape, x.dtype, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1]
+        ).out_shape
+    )
     # irregular input chunks: the largest sets the length
     y = nd.average_pool(x.rechunk({2: (10, 40, 50)}), [2, 1], strides=[3, 1])
     assert y.chunks[2:] == ((17, 16), (30, 30))
@@ -173,9 +195,14 @@ def test_lazy_until_computed_and_errors_at_call_time():
 def test_import_numbapool_does_not_import_dask():
     import subprocess
     import sys
+
     script = "import sys, numbapool; print('dask' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", script], capture_output=True,
-                          text=True).stdout.strip() == "False"
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True
+        ).stdout.strip()
+        == "False"
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8])
@@ -188,8 +215,9 @@ def test_windows_that_all_miss_the_input(dtype):
     expected = numbapool.max_pool(x, **attributes)
     got = dask.compute(nd.max_pool(da.from_array(x, chunks=1), **attributes), scheduler="sync")[0]
     assert got.tobytes() == expected.tobytes()
-    y, indices = dask.compute(nd.max_pool(da.from_array(x, chunks=1), return_indices=True,
-                                          **attributes), scheduler="sync")[0]
+    y, indices = dask.compute(
+        nd.max_pool(da.from_array(x, chunks=1), return_indices=True, **attributes), scheduler="sync"
+    )[0]
     assert (indices == -1).all()
 
 
@@ -200,8 +228,9 @@ def test_one_axis_windows_in_the_row_kernels(count_include_pad):
     # region's divisors there are still the whole call's. The last window ends past the
     # padded input (ceil_mode), where the last region's pads reach.
     x = np.random.default_rng(5).standard_normal((4, 8, 41)).astype(np.float32)
-    attributes = dict(kernel_shape=[4], strides=[2], pads=[1, 1], ceil_mode=1,
-                      count_include_pad=count_include_pad)
+    attributes = dict(
+        kernel_shape=[4], strides=[2], pads=[1, 1], ceil_mode=1, count_include_pad=count_include_pad
+    )
     expected = numbapool.average_pool(x, **attributes)
     lazy = nd.average_pool(da.from_array(x, chunks=(2, 4, 9)), **attributes)
     assert_bitwise_equal(np.asarray(lazy.compute(scheduler="synchronous")), expected)
@@ -215,8 +244,13 @@ def test_leading_single_tap_axes_merged_in_regions(count_include_pad):
     # both axes' last windows end past the padded input (ceil_mode), where the last
     # regions' pads reach
     x = np.random.default_rng(6).standard_normal((2, 3, 4, 11, 10)).astype(np.float32)
-    attributes = dict(kernel_shape=[1, 3, 3], strides=[1, 2, 2], pads=[0, 1, 1, 0, 0, 1],
-                      ceil_mode=1, count_include_pad=count_include_pad)
+    attributes = dict(
+        kernel_shape=[1, 3, 3],
+        strides=[1, 2, 2],
+        pads=[0, 1, 1, 0, 0, 1],
+        ceil_mode=1,
+        count_include_pad=count_include_pad,
+    )
     expected = numbapool.average_pool(x, **attributes)
     lazy = nd.average_pool(da.from_array(x, chunks=(1, 2, 3, 4, 5)), **attributes)
     assert_bitwise_equal(np.asarray(lazy.compute(scheduler="synchronous")), expected)

@@ -30,12 +30,13 @@ CHUNK_BYTES = 8 * 2**20
 ALLOWANCE_CHUNKS = 10
 # 16 float32 chunks of 8 MiB (128 MiB) per rank, the inner axes cut into all 16 (8 or 16
 # along the last)
-SHAPES = {1: ((1, 2, 2**24), (1, 2, 2**20)),
-          2: ((1, 2, 2048, 8192), (1, 2, 1024, 1024)),
-          3: ((1, 2, 4, 1024, 4096), (1, 2, 4, 512, 512))}
+SHAPES = {
+    1: ((1, 2, 2**24), (1, 2, 2**20)),
+    2: ((1, 2, 2048, 8192), (1, 2, 1024, 1024)),
+    3: ((1, 2, 4, 1024, 4096), (1, 2, 4, 512, 512)),
+}
 WINDOWED = {
-    "max_pool": lambda rank: dict(kernel_shape=[3] * rank, strides=[2] * rank,
-                                  pads=[1] * 2 * rank),
+    "max_pool": lambda rank: dict(kernel_shape=[3] * rank, strides=[2] * rank, pads=[1] * 2 * rank),
     "average_pool": lambda rank: dict(kernel_shape=[3] * rank, pads=[1] * 2 * rank),
     "lp_pool": lambda rank: dict(kernel_shape=[2] * rank, strides=[2] * rank, p=2),
 }
@@ -73,13 +74,23 @@ def limited_client():
     # a limit, a paused worker would never run again. Finished results still spill to disk
     # (the running sums' pieces, read faster than the chain adds them up); what must stay
     # within the limit is what tasks hold while they run.
-    config = {"distributed.worker.memory.pause": False,
-              "distributed.worker.memory.terminate": 0.95,
-              "distributed.worker.memory.monitor-interval": "20ms",
-              "distributed.scheduler.allowed-failures": 0}
-    with dask.config.set(config), distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-            memory_limit="4GiB") as cluster, distributed.Client(cluster) as client:
+    config = {
+        "distributed.worker.memory.pause": False,
+        "distributed.worker.memory.terminate": 0.95,
+        "distributed.worker.memory.monitor-interval": "20ms",
+        "distributed.scheduler.allowed-failures": 0,
+    }
+    with (
+        dask.config.set(config),
+        distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            memory_limit="4GiB",
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         client.run(_warm)
         baseline = max(client.run(_rss).values())
         # killed when a worker's memory passes 95% of its limit: there, baseline + allowance
@@ -93,8 +104,13 @@ def _zarr_input(path, rank):
     shape, chunks = SHAPES[rank]
     rng = np.random.default_rng(rank)
     x = rng.standard_normal(shape, dtype=np.float32)
-    store = zarr.create_array(os.path.join(path, f"input-{rank}.zarr"), shape=shape,
-                              chunks=chunks, dtype=np.float32, compressors=None)
+    store = zarr.create_array(
+        os.path.join(path, f"input-{rank}.zarr"),
+        shape=shape,
+        chunks=chunks,
+        dtype=np.float32,
+        compressors=None,
+    )
     store[...] = x
     return x, da.from_zarr(os.path.join(path, f"input-{rank}.zarr"))
 

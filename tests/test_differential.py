@@ -23,11 +23,16 @@ INTS = [np.int8, np.uint8]
 SPECIAL = [np.nan, np.inf, -np.inf]
 
 # Per dtype: the relative tolerance of one rounding of the result, plus accumulation.
-RTOL = {np.dtype(np.float16): 2e-3, np.dtype(ml_dtypes.bfloat16): 1.6e-2,
-        np.dtype(np.float32): 2e-6, np.dtype(np.float64): 1e-12}
+RTOL = {
+    np.dtype(np.float16): 2e-3,
+    np.dtype(ml_dtypes.bfloat16): 1.6e-2,
+    np.dtype(np.float32): 2e-6,
+    np.dtype(np.float64): 1e-12,
+}
 
-SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                        HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 
 # every test here runs both serially and through the parallel driver
 pytestmark = pytest.mark.usefixtures("execution_path")
@@ -48,22 +53,32 @@ def array_of(draw, dtype, shape, allow_special=True):
     size = math.prod(shape)
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
-        values = draw(st.lists(st.sampled_from([info.min, info.min + 1, 0, 1, 7, info.max]),
-                               min_size=size, max_size=size))
+        values = draw(
+            st.lists(
+                st.sampled_from([info.min, info.min + 1, 0, 1, 7, info.max]),
+                min_size=size,
+                max_size=size,
+            )
+        )
     else:
         pool = [-2.5, -1.0, 0.0, 0.5, 1.0, 3.0] + (SPECIAL if allow_special else [])
-        values = draw(st.lists(st.sampled_from(pool) | st.floats(-8, 8, width=16),
-                               min_size=size, max_size=size))
+        values = draw(
+            st.lists(
+                st.sampled_from(pool) | st.floats(-8, 8, width=16), min_size=size, max_size=size
+            )
+        )
     return np.array(values, dtype=np.float64).astype(dtype).reshape(shape)
 
 
 # Per float dtype, (L, s): powers of two where L + s loses s in the accumulator (float32
 # for 16-bit and float32 inputs; 2 L + s for float16), so that a sum of +-L and +-s depends
 # on its order; L small enough that a 6x6 window's LpPool p = 2 stays in the dtype's range
-_ORDER_SENSITIVE = {np.dtype(np.float16): (2.0 ** 13, 2.0 ** -11),
-                    np.dtype(ml_dtypes.bfloat16): (2.0 ** 30, 1.0),
-                    np.dtype(np.float32): (2.0 ** 30, 1.0),
-                    np.dtype(np.float64): (2.0 ** 60, 1.0)}
+_ORDER_SENSITIVE = {
+    np.dtype(np.float16): (2.0**13, 2.0**-11),
+    np.dtype(ml_dtypes.bfloat16): (2.0**30, 1.0),
+    np.dtype(np.float32): (2.0**30, 1.0),
+    np.dtype(np.float64): (2.0**60, 1.0),
+}
 
 
 @st.composite
@@ -73,8 +88,9 @@ def order_sensitive_array(draw, dtype, shape):
         return draw(array_of(dtype, shape))
     large, small = _ORDER_SENSITIVE[dtype]
     pool = [large, -large, small, -small, 3 * small, 0.0, -0.0]
-    values = draw(st.lists(st.sampled_from(pool), min_size=math.prod(shape),
-                           max_size=math.prod(shape)))
+    values = draw(
+        st.lists(st.sampled_from(pool), min_size=math.prod(shape), max_size=math.prod(shape))
+    )
     return np.array(values, dtype=np.float64).astype(dtype).reshape(shape)
 
 
@@ -114,10 +130,13 @@ def _check_float(actual, expected, dtype, accumulation=0.0):
     # tie between 0 and 2**-24, and goes to 0); ``accumulation``: what the accumulator's
     # own rounding may add where terms cancel
     atol = float(ml_dtypes.finfo(dtype).smallest_subnormal) + accumulation
-    close = np.isclose(actual.astype(np.float64), expected, rtol=RTOL[np.dtype(dtype)],
-                       atol=atol, equal_nan=True)
-    assert close.all(), (f"{np.count_nonzero(~close)} of {close.size} differ: actual "
-                         f"{actual[~close]}, expected {expected[~close]}")
+    close = np.isclose(
+        actual.astype(np.float64), expected, rtol=RTOL[np.dtype(dtype)], atol=atol, equal_nan=True
+    )
+    assert close.all(), (
+        f"{np.count_nonzero(~close)} of {close.size} differ: actual "
+        f"{actual[~close]}, expected {expected[~close]}"
+    )
 
 
 @SETTINGS
@@ -147,14 +166,15 @@ def test_average_pool(data):
     expected = _expected_or_same_error("AveragePool", numbapool.average_pool, x, attrs)
     if expected is None:
         return
-    _check_float(numbapool.average_pool(x, **attrs), expected, x.dtype,
-                 _average_accumulation(x, attrs))
+    _check_float(
+        numbapool.average_pool(x, **attrs), expected, x.dtype, _average_accumulation(x, attrs)
+    )
 
 
 def _average_accumulation(x, attrs):
     """AveragePool adds in float32 (float64 for float64 input): where terms cancel, a sum of
     T terms may be off by (T - 1) units of the accumulator times the sum of magnitudes."""
-    unit = 2.0 ** -53 if x.dtype == np.float64 else 2.0 ** -24
+    unit = 2.0**-53 if x.dtype == np.float64 else 2.0**-24
     with np.errstate(invalid="ignore"):
         magnitudes = reference.pool("AveragePool", np.abs(x.astype(np.float64)), **attrs)
     return math.prod(attrs["kernel_shape"]) * unit * np.nan_to_num(magnitudes)
@@ -184,7 +204,9 @@ def _generic_result(function, x, attrs, plan, *patches):
         try:
             result = function(x, **attrs)
             assert {launch.entry.kernel.__name__ for launch in plan.launches.values()} <= {
-                "sum_pool_units", "column_units"}
+                "sum_pool_units",
+                "column_units",
+            }
         finally:
             plan.forget_launches()
     return result
@@ -239,10 +261,15 @@ def test_global_pools(data):
     got = numbapool.global_max_pool(x)
     np.testing.assert_array_equal(got.astype(np.float64), reference.global_pool("GlobalMaxPool", x))
     assert got.tobytes() == first_maxima(x).tobytes()
-    _check_float(numbapool.global_average_pool(x), reference.global_pool("GlobalAveragePool", x),
-                 x.dtype, _global_average_accumulation(x))
-    _check_float(numbapool.global_lp_pool(x, p=p), reference.global_pool("GlobalLpPool", x, p),
-                 x.dtype)
+    _check_float(
+        numbapool.global_average_pool(x),
+        reference.global_pool("GlobalAveragePool", x),
+        x.dtype,
+        _global_average_accumulation(x),
+    )
+    _check_float(
+        numbapool.global_lp_pool(x, p=p), reference.global_pool("GlobalLpPool", x, p), x.dtype
+    )
 
 
 def _global_average_accumulation(x):
@@ -254,7 +281,7 @@ def _global_average_accumulation(x):
         return 0.0
     with np.errstate(invalid="ignore"):
         magnitudes = reference.global_pool("GlobalAveragePool", np.abs(x.astype(np.float64)))
-    return 21 * 2.0 ** -24 * np.nan_to_num(magnitudes)
+    return 21 * 2.0**-24 * np.nan_to_num(magnitudes)
 
 
 @SETTINGS
@@ -265,20 +292,27 @@ def test_max_unpool(data):
     kernel = data.draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
     strides = data.draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
     pads = data.draw(st.lists(st.integers(0, 1), min_size=2 * rank, max_size=2 * rank))
-    default = [(n - 1) * s + k - b - e
-               for n, s, k, b, e in zip(x.shape[2:], strides, kernel, pads[:rank], pads[rank:])]
+    default = [
+        (n - 1) * s + k - b - e
+        for n, s, k, b, e in zip(x.shape[2:], strides, kernel, pads[:rank], pads[rank:])
+    ]
     assume(all(d >= 1 for d in default))
     output_shape = None
     if data.draw(st.booleans()):  # a shape MaxPool maps to x's: within a stride of the default
-        output_shape = list(x.shape[:2]) + [max(1, d + data.draw(st.integers(1 - s, s - 1)))
-                                            for d, s in zip(default, strides)]
+        output_shape = list(x.shape[:2]) + [
+            max(1, d + data.draw(st.integers(1 - s, s - 1))) for d, s in zip(default, strides)
+        ]
     limit = math.prod(output_shape or x.shape[:2] + tuple(default))
-    indices = np.array(data.draw(st.lists(st.integers(0, limit - 1), min_size=x.size,
-                                          max_size=x.size)), dtype=np.int64).reshape(x.shape)
-    got = numbapool.max_unpool(x, indices, kernel, strides=strides, pads=pads,
-                               output_shape=output_shape)
-    expected = reference.unpool(x, indices, kernel, strides=strides, pads=pads,
-                                output_shape=output_shape)
+    indices = np.array(
+        data.draw(st.lists(st.integers(0, limit - 1), min_size=x.size, max_size=x.size)),
+        dtype=np.int64,
+    ).reshape(x.shape)
+    got = numbapool.max_unpool(
+        x, indices, kernel, strides=strides, pads=pads, output_shape=output_shape
+    )
+    expected = reference.unpool(
+        x, indices, kernel, strides=strides, pads=pads, output_shape=output_shape
+    )
     assert got.dtype == x.dtype
     np.testing.assert_array_equal(got.astype(np.float64), expected)
 
@@ -288,7 +322,10 @@ MEDIUM_CASES = [
     # few channels (so rows split into blocks), and 3-d windows
     ((1, 1, 13, 37), dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])),
     ((1, 2, 14, 33), dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 1], ceil_mode=1)),
-    ((2, 1, 12, 29), dict(kernel_shape=[4, 3], strides=[1, 3], dilations=[2, 2], pads=[3, 2, 0, 4])),
+    (
+        (2, 1, 12, 29),
+        dict(kernel_shape=[4, 3], strides=[1, 3], dilations=[2, 2], pads=[3, 2, 0, 4]),
+    ),
     # 3 taps at step 1 along the last axis, 3 apart: MaxPool's windows in one loop body
     ((1, 2, 11, 41), dict(kernel_shape=[2, 3], dilations=[2, 3], pads=[1, 3, 0, 4])),
     ((1, 3, 6, 7, 19), dict(kernel_shape=[3, 2, 3], strides=[2, 1, 2], pads=[1, 0, 1, 1, 1, 2])),
@@ -304,8 +341,11 @@ MEDIUM_CASES = [
 @pytest.mark.parametrize("dtype", FLOATS + INTS)
 def test_medium_inputs(shape, attrs, dtype):
     rng = np.random.default_rng(sum(shape))
-    values = rng.choice(np.array([-3.0, -1.0, 0.0, 1.0, 2.0, 4.0, np.nan]), size=shape,
-                       p=[0.2, 0.2, 0.2, 0.15, 0.15, 0.09, 0.01])
+    values = rng.choice(
+        np.array([-3.0, -1.0, 0.0, 1.0, 2.0, 4.0, np.nan]),
+        size=shape,
+        p=[0.2, 0.2, 0.2, 0.15, 0.15, 0.09, 0.01],
+    )
     if np.dtype(dtype).kind in "iu":
         values = np.nan_to_num(values, nan=5.0) + (2 if np.dtype(dtype).kind == "u" else 0)
     x = values.astype(dtype)
@@ -316,11 +356,15 @@ def test_medium_inputs(shape, attrs, dtype):
     if np.dtype(dtype).kind in "iu":
         return
     for cip in (0, 1):
-        _check_float(numbapool.average_pool(x, count_include_pad=cip, **attrs),
-                     reference.pool("AveragePool", x, count_include_pad=cip, **attrs), x.dtype)
+        _check_float(
+            numbapool.average_pool(x, count_include_pad=cip, **attrs),
+            reference.pool("AveragePool", x, count_include_pad=cip, **attrs),
+            x.dtype,
+        )
     for p in (1, 2, 3):
-        _check_float(numbapool.lp_pool(x, p=p, **attrs),
-                     reference.pool("LpPool", x, p=p, **attrs), x.dtype)
+        _check_float(
+            numbapool.lp_pool(x, p=p, **attrs), reference.pool("LpPool", x, p=p, **attrs), x.dtype
+        )
 
 
 @pytest.mark.parametrize("width", [3, 8, 31, 33, 35, 63, 65, 112, 129, 130, 257, 301])
@@ -336,10 +380,12 @@ def test_max_pool_bytes_three_wide_at_step_two(width, dtype):
     for shape in [(2, 3, 7, width), (1, 1, 5, width)]:
         x = rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype)
         for pads in ([0, 0, 0, 0], [1, 1, 1, 1]):
-            expected, _ = reference.pool("MaxPool", x, kernel_shape=[3, 3], strides=[2, 2],
-                                         pads=pads)
-            assert np.array_equal(numbapool.max_pool(x, [3, 3], strides=[2, 2], pads=pads),
-                                  expected)
+            expected, _ = reference.pool(
+                "MaxPool", x, kernel_shape=[3, 3], strides=[2, 2], pads=pads
+            )
+            assert np.array_equal(
+                numbapool.max_pool(x, [3, 3], strides=[2, 2], pads=pads), expected
+            )
 
 
 def test_leading_single_tap_axes_take_the_kernels_of_fewer_axes():
@@ -350,18 +396,35 @@ def test_leading_single_tap_axes_take_the_kernels_of_fewer_axes():
     from numbapool import _dispatch, _plan
 
     def plan(shape, kernel, strides, pads, storage_order=0):
-        return _plan.window_plan("MaxPool", shape, np.dtype(np.float32), kernel, strides, pads,
-                                 "NOTSET", 0, None, 0, 2.0, storage_order)
+        return _plan.window_plan(
+            "MaxPool",
+            shape,
+            np.dtype(np.float32),
+            kernel,
+            strides,
+            pads,
+            "NOTSET",
+            0,
+            None,
+            0,
+            2.0,
+            storage_order,
+        )
 
     flat = plan((2, 12, 9, 10), [3, 3], [2, 2], [1, 1, 1, 1])
     deep = plan((2, 3, 4, 9, 10), [1, 3, 3], [1, 2, 2], [0, 1, 1, 0, 1, 1])
     merged = _plan.channels_merged_plan(deep)
     assert (merged.in_shape, merged.kernel_shape, merged.out_shape) == (
-        flat.in_shape, flat.kernel_shape, flat.out_shape)
+        flat.in_shape,
+        flat.kernel_shape,
+        flat.out_shape,
+    )
     assert _dispatch._launch(deep, 1).entry == _dispatch._launch(flat, 1).entry
-    for kept in (plan((2, 3, 4, 9, 10), [1, 3, 3], [2, 2, 2], [0, 1, 1, 0, 1, 1]),
-                 plan((2, 3, 4, 9, 10), [1, 3, 3], [1, 2, 2], [1, 1, 1, 0, 1, 1]),
-                 plan((2, 3, 4, 9, 10), [1, 3, 3], [1, 2, 2], [0, 1, 1, 0, 1, 1], 1)):
+    for kept in (
+        plan((2, 3, 4, 9, 10), [1, 3, 3], [2, 2, 2], [0, 1, 1, 0, 1, 1]),
+        plan((2, 3, 4, 9, 10), [1, 3, 3], [1, 2, 2], [1, 1, 1, 0, 1, 1]),
+        plan((2, 3, 4, 9, 10), [1, 3, 3], [1, 2, 2], [0, 1, 1, 0, 1, 1], 1),
+    ):
         assert _plan.channels_merged_plan(kept) is kept
 
 
@@ -386,16 +449,24 @@ def test_prefetch_is_only_a_hint():
 def test_global_pools_over_many_channels(dtype):
     # 21 channels: a group of channels scanned side by side, and a remainder
     rng = np.random.default_rng(21)
-    values = rng.choice(np.array([-2.0, -0.0, 0.0, 1.5, 3.0, np.nan, np.inf]), size=(3, 7, 5, 4),
-                        p=[0.3, 0.15, 0.15, 0.2, 0.15, 0.03, 0.02])
+    values = rng.choice(
+        np.array([-2.0, -0.0, 0.0, 1.5, 3.0, np.nan, np.inf]),
+        size=(3, 7, 5, 4),
+        p=[0.3, 0.15, 0.15, 0.2, 0.15, 0.03, 0.02],
+    )
     x = values.astype(dtype)
     got = numbapool.global_max_pool(x)
     assert got.tobytes() == first_maxima(x).tobytes()
-    _check_float(numbapool.global_average_pool(x), reference.global_pool("GlobalAveragePool", x),
-                 x.dtype, _global_average_accumulation(x))
+    _check_float(
+        numbapool.global_average_pool(x),
+        reference.global_pool("GlobalAveragePool", x),
+        x.dtype,
+        _global_average_accumulation(x),
+    )
     for p in (1, 2, 3):
-        _check_float(numbapool.global_lp_pool(x, p=p), reference.global_pool("GlobalLpPool", x, p),
-                     x.dtype)
+        _check_float(
+            numbapool.global_lp_pool(x, p=p), reference.global_pool("GlobalLpPool", x, p), x.dtype
+        )
 
 
 @SETTINGS
@@ -410,18 +481,26 @@ def test_fixed_window_kernels(data):
     x = data.draw(inputs(FLOATS + INTS))
     assume(x.ndim in (4, 5))
     rank = x.ndim - 2
-    attrs = dict(kernel_shape=[1] * (rank - 2) + [2, 2],
-                 strides=[data.draw(st.integers(1, 2)) for _ in range(rank - 1)] + [2],
-                 pads=data.draw(st.lists(st.integers(0, 1), min_size=2 * rank, max_size=2 * rank)),
-                 ceil_mode=data.draw(st.integers(0, 1)))
-    op = data.draw(st.sampled_from(["MaxPool", "AveragePool", "LpPool"]
-                                   if x.dtype.kind == "f" else ["MaxPool"]))
+    attrs = dict(
+        kernel_shape=[1] * (rank - 2) + [2, 2],
+        strides=[data.draw(st.integers(1, 2)) for _ in range(rank - 1)] + [2],
+        pads=data.draw(st.lists(st.integers(0, 1), min_size=2 * rank, max_size=2 * rank)),
+        ceil_mode=data.draw(st.integers(0, 1)),
+    )
+    op = data.draw(
+        st.sampled_from(
+            ["MaxPool", "AveragePool", "LpPool"] if x.dtype.kind == "f" else ["MaxPool"]
+        )
+    )
     if op == "AveragePool":
         attrs["count_include_pad"] = data.draw(st.integers(0, 1))
     if op == "LpPool":
         attrs["p"] = data.draw(st.sampled_from([1, 2, 3, 2.5]))  # every kind of p
-    function = {"MaxPool": numbapool.max_pool, "AveragePool": numbapool.average_pool,
-                "LpPool": numbapool.lp_pool}[op]
+    function = {
+        "MaxPool": numbapool.max_pool,
+        "AveragePool": numbapool.average_pool,
+        "LpPool": numbapool.lp_pool,
+    }[op]
     expected = _expected_or_same_error(op, function, x, attrs)
     if expected is None:
         return
@@ -430,8 +509,14 @@ def test_fixed_window_kernels(data):
     special = _dispatch._specialized(plan)
     max_units, sum_units = fixed.FIXED_WINDOWS[(1, 2, 2, 2)]
     assert special is not None and special[0] in (max_units, *sum_units)
-    generic = _generic_result(function, x, attrs, plan, (fixed, "FIXED_WINDOWS", {}),
-                              (_dispatch, "_wide_window", lambda plan: False))
+    generic = _generic_result(
+        function,
+        x,
+        attrs,
+        plan,
+        (fixed, "FIXED_WINDOWS", {}),
+        (_dispatch, "_wide_window", lambda plan: False),
+    )
     if op == "MaxPool":  # the winning element itself
         assert got.tobytes() == generic.tobytes()
     else:
@@ -466,9 +551,13 @@ def _check_row_kernel(op, x, attrs, entries, *choosers):
     got, launch = _on_two_threads(plan, lambda: function(x, **attrs))
     assert launch.entry in getattr(_dispatch, entries).values()
     with numbapool.threads(2):
-        generic = _generic_result(function, x, attrs, plan,
-                                  *((_dispatch, chooser, lambda plan: False)
-                                    for chooser in choosers))
+        generic = _generic_result(
+            function,
+            x,
+            attrs,
+            plan,
+            *((_dispatch, chooser, lambda plan: False) for chooser in choosers),
+        )
     _assert_same_sums(got, generic)
     # LpPool adds in float64: its reference's tolerance alone
     accumulation = _average_accumulation(x, attrs) if op == "AveragePool" else 0.0
@@ -484,13 +573,19 @@ def test_plane_kernel(data):
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
     op = data.draw(st.sampled_from(["AveragePool", "LpPool"]))
     # channels enough that the output rows are whole units on two threads (_work_split)
-    shape = (data.draw(st.integers(1, 2)), 8, data.draw(st.integers(2, 8)),
-             data.draw(st.integers(2, 8)))
+    shape = (
+        data.draw(st.integers(1, 2)),
+        8,
+        data.draw(st.integers(2, 8)),
+        data.draw(st.integers(2, 8)),
+    )
     x = data.draw(array_of(dtype, shape))
-    attrs = dict(kernel_shape=[3, 3],
-                 strides=data.draw(st.lists(st.integers(1, 2), min_size=2, max_size=2)),
-                 pads=data.draw(st.lists(st.integers(0, 1), min_size=4, max_size=4)),
-                 ceil_mode=data.draw(st.integers(0, 1)))
+    attrs = dict(
+        kernel_shape=[3, 3],
+        strides=data.draw(st.lists(st.integers(1, 2), min_size=2, max_size=2)),
+        pads=data.draw(st.lists(st.integers(0, 1), min_size=4, max_size=4)),
+        ceil_mode=data.draw(st.integers(0, 1)),
+    )
     if op == "AveragePool":
         attrs["count_include_pad"] = data.draw(st.integers(0, 1))
     else:
@@ -526,8 +621,7 @@ def test_wide_window_kernel(data):
     op = data.draw(st.sampled_from(["AveragePool", "LpPool"]))
     rank = data.draw(st.integers(1, 2))
     # channels enough that the output rows are whole units on two threads (_work_split)
-    shape = (data.draw(st.integers(1, 2)), 8,
-             *(data.draw(st.integers(1, 9)) for _ in range(rank)))
+    shape = (data.draw(st.integers(1, 2)), 8, *(data.draw(st.integers(1, 9)) for _ in range(rank)))
     x = data.draw(order_sensitive_array(dtype, shape))
     step = data.draw(st.sampled_from([2, 4] if rank == 1 else [1, 2, 4]))
     widths = [1, 2, 3, 4, 5, 6]
@@ -539,17 +633,21 @@ def test_wide_window_kernel(data):
     kernel_shape.append(data.draw(st.sampled_from(widths)))
     strides = [data.draw(st.integers(1, 3)) for _ in range(rank - 1)] + [step]
     # pads up to the window's extent and past it: rows of windows with no row inside
-    attrs = dict(kernel_shape=kernel_shape, strides=strides,
-                 pads=[data.draw(st.integers(0, k + 1)) for k in kernel_shape * 2],
-                 ceil_mode=data.draw(st.integers(0, 1)))
+    attrs = dict(
+        kernel_shape=kernel_shape,
+        strides=strides,
+        pads=[data.draw(st.integers(0, k + 1)) for k in kernel_shape * 2],
+        ceil_mode=data.draw(st.integers(0, 1)),
+    )
     if op == "AveragePool":
         attrs["count_include_pad"] = data.draw(st.integers(0, 1))
     else:
         attrs["p"] = 2
     assume(kernel_shape != [2, 2] or strides[1] == 1)  # 2x2 at step 2: fixed.py
     # LpPool's 3x3 windows at strides of 1 and 2 with pads of 0 or 1: planes.py
-    assume(op == "AveragePool" or kernel_shape != [3, 3] or max(strides) > 2
-           or max(attrs["pads"]) > 1)
+    assume(
+        op == "AveragePool" or kernel_shape != [3, 3] or max(strides) > 2 or max(attrs["pads"]) > 1
+    )
     _check_row_kernel(op, x, attrs, "_WIDE_SUMS", "_wide_window")
 
 
@@ -557,13 +655,23 @@ def test_wide_window_kernel(data):
 # NaN a window gives depends on the order its taps are scanned in.
 _TIE_BITS = {
     np.dtype(np.float16): (np.uint16, [0, 0x8000, 0x7E00, 0xFE01, 0xBC00, 0x3C00, 0xFC00]),
-    np.dtype(ml_dtypes.bfloat16): (np.uint16, [0, 0x8000, 0x7FC0, 0xFFC1, 0xBF80, 0x3F80,
-                                               0xFF80]),
-    np.dtype(np.float32): (np.uint32, [0, 0x80000000, 0x7FC00000, 0xFFC00001, 0xBF800000,
-                                       0x3F800000, 0xFF800000]),
-    np.dtype(np.float64): (np.uint64, [0, 1 << 63, 0x7FF8000000000000, 0xFFF8000000000001,
-                                       0xBFF0000000000000, 0x3FF0000000000000,
-                                       0xFFF0000000000000]),
+    np.dtype(ml_dtypes.bfloat16): (np.uint16, [0, 0x8000, 0x7FC0, 0xFFC1, 0xBF80, 0x3F80, 0xFF80]),
+    np.dtype(np.float32): (
+        np.uint32,
+        [0, 0x80000000, 0x7FC00000, 0xFFC00001, 0xBF800000, 0x3F800000, 0xFF800000],
+    ),
+    np.dtype(np.float64): (
+        np.uint64,
+        [
+            0,
+            1 << 63,
+            0x7FF8000000000000,
+            0xFFF8000000000001,
+            0xBFF0000000000000,
+            0x3FF0000000000000,
+            0xFFF0000000000000,
+        ],
+    ),
 }
 
 
@@ -571,8 +679,11 @@ _TIE_BITS = {
 def tie_array(draw, dtype, shape):
     """An array of ``shape`` whose elements are _TIE_BITS' patterns of the float ``dtype``."""
     bits_type, patterns = _TIE_BITS[dtype]
-    codes = draw(st.lists(st.integers(0, len(patterns) - 1), min_size=math.prod(shape),
-                          max_size=math.prod(shape)))
+    codes = draw(
+        st.lists(
+            st.integers(0, len(patterns) - 1), min_size=math.prod(shape), max_size=math.prod(shape)
+        )
+    )
     return np.array(patterns, dtype=bits_type)[codes].view(dtype).reshape(shape)
 
 
@@ -589,23 +700,27 @@ def test_indexed_kernel(data):
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS + INTS)))
     rank = data.draw(st.integers(1, 2))
     # channels enough that the output rows are whole units on two threads (_work_split)
-    shape = (data.draw(st.integers(1, 2)), 8,
-             *(data.draw(st.integers(1, 9)) for _ in range(rank)))
+    shape = (data.draw(st.integers(1, 2)), 8, *(data.draw(st.integers(1, 9)) for _ in range(rank)))
     x = data.draw(tie_array(dtype, shape) if dtype in _TIE_BITS else array_of(dtype, shape))
     kernel_shape = [data.draw(st.integers(1, 5)) for _ in range(rank)]
-    attrs = dict(kernel_shape=kernel_shape,
-                 strides=[*(data.draw(st.integers(1, 3)) for _ in range(rank - 1)),
-                          data.draw(st.integers(1, 2))],
-                 # pads past the window's extent too: windows with no row or no tap inside
-                 pads=[data.draw(st.integers(0, k + 1)) for k in kernel_shape * 2],
-                 ceil_mode=data.draw(st.integers(0, 1)),
-                 storage_order=data.draw(st.integers(0, 1)))
+    attrs = dict(
+        kernel_shape=kernel_shape,
+        strides=[
+            *(data.draw(st.integers(1, 3)) for _ in range(rank - 1)),
+            data.draw(st.integers(1, 2)),
+        ],
+        # pads past the window's extent too: windows with no row or no tap inside
+        pads=[data.draw(st.integers(0, k + 1)) for k in kernel_shape * 2],
+        ceil_mode=data.draw(st.integers(0, 1)),
+        storage_order=data.draw(st.integers(0, 1)),
+    )
     expected = _expected_or_same_error("MaxPool", numbapool.max_pool, x, attrs)
     if expected is None:
         return
     plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
     (y, indices), launch = _on_two_threads(
-        plan, lambda: numbapool.max_pool(x, return_indices=True, **attrs))
+        plan, lambda: numbapool.max_pool(x, return_indices=True, **attrs)
+    )
     assert launch.indices_arguments[0] in _dispatch._INDEXED_MAX.values()
     assert y.tobytes() == expected[0].tobytes()
     np.testing.assert_array_equal(indices, expected[1])
@@ -622,15 +737,22 @@ def test_max_plane_kernel(data):
 
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS + INTS)))
     # channels enough that the output rows are whole units on two threads (_work_split)
-    shape = (data.draw(st.integers(1, 2)), 8, data.draw(st.integers(1, 12)),
-             data.draw(st.integers(1, 12)))
+    shape = (
+        data.draw(st.integers(1, 2)),
+        8,
+        data.draw(st.integers(1, 12)),
+        data.draw(st.integers(1, 12)),
+    )
     x = data.draw(tie_array(dtype, shape) if dtype in _TIE_BITS else array_of(dtype, shape))
     kernel_shape = [data.draw(st.integers(1, 5)) for _ in range(2)]
-    attrs = dict(kernel_shape=kernel_shape, strides=[1, 1],
-                 dilations=[data.draw(st.integers(1, 3)) for _ in range(2)],
-                 # pads past the window's extent too: windows with no tap inside
-                 pads=[data.draw(st.integers(0, k + 1)) for k in kernel_shape * 2],
-                 ceil_mode=data.draw(st.integers(0, 1)))
+    attrs = dict(
+        kernel_shape=kernel_shape,
+        strides=[1, 1],
+        dilations=[data.draw(st.integers(1, 3)) for _ in range(2)],
+        # pads past the window's extent too: windows with no tap inside
+        pads=[data.draw(st.integers(0, k + 1)) for k in kernel_shape * 2],
+        ceil_mode=data.draw(st.integers(0, 1)),
+    )
     expected = _expected_or_same_error("MaxPool", numbapool.max_pool, x, attrs)
     if expected is None:
         return
@@ -653,8 +775,11 @@ def test_max_pool_columns_kernel(data):
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
     rank = data.draw(st.integers(2, 4))
     max_side = {2: 7, 3: 5, 4: 3}[rank]
-    shape = (data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2)),
-             *data.draw(st.lists(st.integers(1, max_side), min_size=rank, max_size=rank)))
+    shape = (
+        data.draw(st.integers(1, 2)),
+        data.draw(st.integers(1, 2)),
+        *data.draw(st.lists(st.integers(1, max_side), min_size=rank, max_size=rank)),
+    )
     x = data.draw(tie_array(dtype, shape))
     attrs = data.draw(window_attributes(rank))
     expected = _expected_or_same_error("MaxPool", numbapool.max_pool, x, attrs)
@@ -668,17 +793,25 @@ def test_max_pool_columns_kernel(data):
         # at strides 1, 2: the fixed kernel's)
         assume(_dispatch._specialized(_plan.channels_merged_plan(plan)) is None)
         plan.forget_launches()
-        got = _generic_result(numbapool.max_pool, x, attrs, plan,
-                              (_dispatch, "_max_plane_window", lambda plan: False))
+        got = _generic_result(
+            numbapool.max_pool, x, attrs, plan, (_dispatch, "_max_plane_window", lambda plan: False)
+        )
     assert got.tobytes() == expected[0].tobytes()
 
 
-@pytest.mark.parametrize("shape, attrs, entries", [
-    ((2, 8, 9, 11), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4), "columns"),
-    ((2, 8, 9, 11), dict(kernel_shape=[3, 3], pads=[1] * 4), "_MAX_PLANES"),
-    ((2, 8, 7, 9, 11), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6), "columns"),
-    ((2, 8, 40), dict(kernel_shape=[3], pads=[1, 1]), "columns"),
-])
+@pytest.mark.parametrize(
+    "shape, attrs, entries",
+    [
+        ((2, 8, 9, 11), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4), "columns"),
+        ((2, 8, 9, 11), dict(kernel_shape=[3, 3], pads=[1] * 4), "_MAX_PLANES"),
+        (
+            (2, 8, 7, 9, 11),
+            dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6),
+            "columns",
+        ),
+        ((2, 8, 40), dict(kernel_shape=[3], pads=[1, 1]), "columns"),
+    ],
+)
 @pytest.mark.parametrize("zeros", [[0.0], [-0.0], [0.0, -0.0]])
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_max_pool_windows_of_zeros(shape, attrs, entries, zeros, dtype):
@@ -705,8 +838,13 @@ def test_max_pool_windows_of_zeros(shape, attrs, entries, zeros, dtype):
     assert got.tobytes() == expected.tobytes()
 
 
-@pytest.mark.parametrize("attrs", [dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4),
-                                   dict(kernel_shape=[4, 4], strides=[2, 2], pads=[1] * 4)])
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4),
+        dict(kernel_shape=[4, 4], strides=[2, 2], pads=[1] * 4),
+    ],
+)
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_max_pool_columns_scan_every_column(attrs, dtype):
     """The columns kernel retakes a unit's zero and NaN outputs where its column maxima hold
@@ -717,8 +855,13 @@ def test_max_pool_columns_scan_every_column(attrs, dtype):
     from numbapool._kernels import columns
 
     height, width = 5, 9
-    places = [(row, first, second) for row in range(height - 1) for first in range(width)
-              for second in range(width) if second != first]
+    places = [
+        (row, first, second)
+        for row in range(height - 1)
+        for first in range(width)
+        for second in range(width)
+        if second != first
+    ]
     storage = {2: np.uint16, 4: np.uint32, 8: np.uint64}[np.dtype(dtype).itemsize]
     bits = _EDGE_BITS[np.dtype(dtype)][1]  # 0, the sign bit alone (-0), ..., quiet NaNs
     quiet_nans = [bits[6], bits[7]]  # all ones but the sign bit, all ones
@@ -735,11 +878,14 @@ def test_max_pool_columns_scan_every_column(attrs, dtype):
         assert got.tobytes() == expected.tobytes()
 
 
-@pytest.mark.parametrize("shape, attrs", [
-    ((2, 4, 7, 9, 11), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),
-    ((2, 4, 6, 8, 10), dict(kernel_shape=[2, 3, 4], strides=[1, 2, 3], pads=[1, 0, 2] * 2)),
-    ((1, 3, 4, 5, 6, 7), dict(kernel_shape=[2, 2, 3, 3], dilations=[1, 2, 1, 2])),
-])
+@pytest.mark.parametrize(
+    "shape, attrs",
+    [
+        ((2, 4, 7, 9, 11), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),
+        ((2, 4, 6, 8, 10), dict(kernel_shape=[2, 3, 4], strides=[1, 2, 3], pads=[1, 0, 2] * 2)),
+        ((1, 3, 4, 5, 6, 7), dict(kernel_shape=[2, 2, 3, 3], dilations=[1, 2, 1, 2])),
+    ],
+)
 @pytest.mark.parametrize("fold_planes", [False, True])
 # float32 folds in numba's loop, the others in vectors; uint8 retakes no zeros or NaNs
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.uint8])
@@ -759,8 +905,10 @@ def test_max_pool_columns_kinds_over_three_axes(shape, attrs, fold_planes, dtype
     plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
     plan.forget_launches()
     try:
-        with mock.patch.object(columns, "folds_planes", lambda *shapes: fold_planes), \
-                numbapool.threads(2):
+        with (
+            mock.patch.object(columns, "folds_planes", lambda *shapes: fold_planes),
+            numbapool.threads(2),
+        ):
             got = numbapool.max_pool(x, **attrs)
         launches = list(plan.launches.values())
         assert [launch.entry.kinds[-1] for launch in launches] == [fold_planes]
@@ -773,16 +921,48 @@ def test_max_pool_columns_kinds_over_three_axes(shape, attrs, fold_planes, dtype
 # Bit patterns at the edges of the scan's keys (max_vectors.rows_hold_negative_zero_or_nan):
 # zeros, infinities, the NaNs nearest them and the largest, the largest finite values
 _EDGE_BITS = {
-    np.dtype(np.float16): (np.uint16, [0, 0x8000, 0x7C00, 0xFC00, 0x7C01, 0xFC01, 0x7FFF,
-                                       0xFFFF, 0x7BFF, 0xFBFF, 1, 0x8001]),
-    np.dtype(ml_dtypes.bfloat16): (np.uint16, [0, 0x8000, 0x7F80, 0xFF80, 0x7F81, 0xFF81,
-                                               0x7FFF, 0xFFFF, 0x7F7F, 0xFF7F, 1, 0x8001]),
-    np.dtype(np.float32): (np.uint32, [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7F800001,
-                                       0xFF800001, 0x7FFFFFFF, 0xFFFFFFFF, 0x7F7FFFFF,
-                                       0xFF7FFFFF, 1, 0x80000001]),
-    np.dtype(np.float64): (np.uint64, [0, 1 << 63, 0x7FF << 52, 0xFFF << 52, (0x7FF << 52) + 1,
-                                       (0xFFF << 52) + 1, (1 << 63) - 1, (1 << 64) - 1,
-                                       (0x7FF << 52) - 1, (0xFFF << 52) - 1, 1, (1 << 63) + 1]),
+    np.dtype(np.float16): (
+        np.uint16,
+        [0, 0x8000, 0x7C00, 0xFC00, 0x7C01, 0xFC01, 0x7FFF, 0xFFFF, 0x7BFF, 0xFBFF, 1, 0x8001],
+    ),
+    np.dtype(ml_dtypes.bfloat16): (
+        np.uint16,
+        [0, 0x8000, 0x7F80, 0xFF80, 0x7F81, 0xFF81, 0x7FFF, 0xFFFF, 0x7F7F, 0xFF7F, 1, 0x8001],
+    ),
+    np.dtype(np.float32): (
+        np.uint32,
+        [
+            0,
+            0x80000000,
+            0x7F800000,
+            0xFF800000,
+            0x7F800001,
+            0xFF800001,
+            0x7FFFFFFF,
+            0xFFFFFFFF,
+            0x7F7FFFFF,
+            0xFF7FFFFF,
+            1,
+            0x80000001,
+        ],
+    ),
+    np.dtype(np.float64): (
+        np.uint64,
+        [
+            0,
+            1 << 63,
+            0x7FF << 52,
+            0xFFF << 52,
+            (0x7FF << 52) + 1,
+            (0xFFF << 52) + 1,
+            (1 << 63) - 1,
+            (1 << 64) - 1,
+            (0x7FF << 52) - 1,
+            (0xFFF << 52) - 1,
+            1,
+            (1 << 63) + 1,
+        ],
+    ),
 }
 
 
@@ -800,8 +980,9 @@ def test_rows_hold_negative_zero_or_nan(dtype):
 
     @njit
     def scan(flat, row_starts, count):
-        return rows_hold_negative_zero_or_nan(flat, row_starts, np.uint64(row_starts.size),
-                                              np.uint64(count))
+        return rows_hold_negative_zero_or_nan(
+            flat, row_starts, np.uint64(row_starts.size), np.uint64(count)
+        )
 
     dtype = np.dtype(dtype)
     bits_type, patterns = _EDGE_BITS[dtype]
@@ -819,18 +1000,25 @@ def test_rows_hold_negative_zero_or_nan(dtype):
                     with np.errstate(invalid="ignore"):  # bfloat16's NaNs in numpy's ufuncs
                         expected = any(
                             bool((np.isnan(row) | ((row == 0) & np.signbit(row))).any())
-                            for row in (values[start:start + count] for start in row_starts))
+                            for row in (values[start : start + count] for start in row_starts)
+                        )
                     got = scan(values.view(storage_dtype(dtype)), row_starts, count)
                     assert got == expected, (hex(pattern), count, list(row_starts), at)
                     found += expected
     assert found > 0
 
 
-@pytest.mark.parametrize("shape, attrs", [
-    ((2, 3, 6, 7, 9), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),
-    ((2, 3, 6, 7, 9), dict(kernel_shape=[2, 3, 2], dilations=[2, 1, 1], pads=[1, 0, 1, 1, 2, 0])),
-    ((1, 2, 4, 3, 5, 6), dict(kernel_shape=[2, 2, 2, 3], strides=[1, 2, 1, 2], ceil_mode=1)),
-])
+@pytest.mark.parametrize(
+    "shape, attrs",
+    [
+        ((2, 3, 6, 7, 9), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6)),
+        (
+            (2, 3, 6, 7, 9),
+            dict(kernel_shape=[2, 3, 2], dilations=[2, 1, 1], pads=[1, 0, 1, 1, 2, 0]),
+        ),
+        ((1, 2, 4, 3, 5, 6), dict(kernel_shape=[2, 2, 2, 3], strides=[1, 2, 1, 2], ceil_mode=1)),
+    ],
+)
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_max_pool_columns_over_planes(shape, attrs, dtype):
     """Three or more spatial axes: the input-rows-first kernel folds the outer axes over

@@ -43,7 +43,9 @@ class Record(event.Listener):
 event.register("numba:compile", Record())
 """
 
-_RECORD_COMPILES = _RECORDER + """
+_RECORD_COMPILES = (
+    _RECORDER
+    + """
 import sys
 import numpy as np
 import numbapool
@@ -77,6 +79,7 @@ stats = rtsys.get_allocation_stats()
 print(json.dumps({"compiled": compiled, "refreshed": "numba.np.linalg" in sys.modules,
                   "allocated": stats.mi_alloc, "unfreed": stats.mi_alloc - stats.mi_free}))
 """
+)
 
 
 def _cache_files(cache=None) -> dict:
@@ -91,8 +94,12 @@ def _cache_files(cache=None) -> dict:
 
 
 def _start(*groups) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _RECORD_COMPILES, *groups],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", _RECORD_COMPILES, *groups],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finish(process: subprocess.Popen) -> dict:
@@ -113,18 +120,28 @@ def test_a_second_process_compiles_nothing(tmp_path, monkeypatch):
     # driver is all they share, and both may compile it and save it, in turns
     # (_numba.locked_cache)
     records = [_finish(process) for process in [_start("maxima"), _start("sums")]]
-    maxima, sums = ({name for name, writes in record["compiled"] if writes}
-                    for record in records)
+    maxima, sums = ({name for name, writes in record["compiled"] if writes} for record in records)
     assert maxima & sums <= {"run_in_parallel"}
     # one parallel driver serves every kernel, dtype and launch (parallel.BlockCall)
     for record in records:
         assert [name for name, _ in record["compiled"]].count("run_in_parallel") <= 1
     # the parallel driver and the kernels it calls are among what they compiled
-    assert {"run_in_parallel", "max_pool_units_with_indices", "sum_pool_units",
-            "global_max_units", "global_sum_units", "max_unpool", "column_units",
-            "fixed_max_units", "fixed_sum_units", "plane_sum_units",
-            "wide_sum_units", "indexed_max_units", "max_plane_units",
-            "block_sum_units"} <= maxima | sums
+    assert {
+        "run_in_parallel",
+        "max_pool_units_with_indices",
+        "sum_pool_units",
+        "global_max_units",
+        "global_sum_units",
+        "max_unpool",
+        "column_units",
+        "fixed_max_units",
+        "fixed_sum_units",
+        "plane_sum_units",
+        "wide_sum_units",
+        "indexed_max_units",
+        "max_plane_units",
+        "block_sum_units",
+    } <= maxima | sums
     filled = _cache_files()
     assert filled
     # a process making every call of both compiles nothing and writes nothing, and loads
@@ -133,7 +150,9 @@ def test_a_second_process_compiles_nothing(tmp_path, monkeypatch):
     assert _cache_files() == filled
 
 
-_WARMUP = _RECORDER + """
+_WARMUP = (
+    _RECORDER
+    + """
 import sys
 import numbapool
 from numbapool._kernels import global_
@@ -142,14 +161,20 @@ numbapool.warmup(["GlobalAveragePool", "GlobalLpPool"], ["float32", "float64"],
 # GlobalAveragePool's float32 kernel, a worker's task where there are workers
 print(json.dumps([compiled, len(global_.block_sum_units.overloads)]))
 """
+)
 
 
 def _warmup_here(cache_dir, processes: int, load: str):
     """_WARMUP in a fresh process on ``cache_dir``: the kernels that process compiled and
     saved, and how many GlobalAveragePool float32 kernels it holds (loaded or compiled)."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir)}
-    result = subprocess.run([sys.executable, "-c", _WARMUP, str(processes), load], env=env,
-                            capture_output=True, text=True, timeout=1800)
+    result = subprocess.run(
+        [sys.executable, "-c", _WARMUP, str(processes), load],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert result.returncode == 0, result.stderr
     compiled, loaded = json.loads(result.stdout.splitlines()[-1])
     return [name for name, writes in compiled if writes], loaded
@@ -170,7 +195,9 @@ def test_warmup_workers_leave_a_complete_cache(tmp_path, load, loaded):
     assert _cache_files(str(tmp_path)) == filled
 
 
-_DRIVER_IN_BACKGROUND = _RECORDER + """
+_DRIVER_IN_BACKGROUND = (
+    _RECORDER
+    + """
 import sys
 import numpy as np
 import numbapool
@@ -200,12 +227,17 @@ print(json.dumps({"compiling": compiling, "drivers": drivers_at_once, "asked": l
                                and np.array_equal(first, serial)),
                   "compiled": sorted({name for name, _ in compiled})}))
 """
+)
 
 
 def _run_driver_script(cache, *args) -> dict:
-    result = subprocess.run([sys.executable, "-c", _DRIVER_IN_BACKGROUND, *args],
-                            env={**os.environ, "NUMBA_CACHE_DIR": str(cache)},
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", _DRIVER_IN_BACKGROUND, *args],
+        env={**os.environ, "NUMBA_CACHE_DIR": str(cache)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
 
@@ -218,8 +250,13 @@ def test_a_first_call_leaves_its_driver_to_a_background_compile(tmp_path):
     first = _run_driver_script(tmp_path)
     assert first["compiling"] == [True] and first["drivers"] == 0 and first["same"]
     assert "run_in_parallel" in first["compiled"]
-    assert _run_driver_script(tmp_path) == {"compiling": [], "drivers": 1, "asked": 0,
-                                            "same": True, "compiled": []}
+    assert _run_driver_script(tmp_path) == {
+        "compiling": [],
+        "drivers": 1,
+        "asked": 0,
+        "same": True,
+        "compiled": [],
+    }
 
 
 def test_a_first_call_hands_the_units_left_to_its_driver_once_compiled(tmp_path):
@@ -234,13 +271,20 @@ def test_a_first_call_hands_the_units_left_to_its_driver_once_compiled(tmp_path)
 def test_a_call_at_interpreter_exit_compiles_its_driver_in_place(tmp_path):
     """No thread can start once the interpreter shuts down: a first call from an atexit
     handler compiles its driver before it runs, instead of failing."""
-    script = ("import atexit\n"
-              "import numpy as np\n"
-              "import numbapool\n"
-              "x = np.ones((2, 16, 96, 96), np.float32)\n"
-              "atexit.register(lambda: print(numbapool.max_pool(x, [3, 3]).sum()))\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}, timeout=600)
+    script = (
+        "import atexit\n"
+        "import numpy as np\n"
+        "import numbapool\n"
+        "x = np.ones((2, 16, 96, 96), np.float32)\n"
+        "atexit.register(lambda: print(numbapool.max_pool(x, [3, 3]).sum()))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
+        timeout=600,
+    )
     assert result.returncode == 0 and not result.stderr, result.stderr
     assert float(result.stdout) == 2 * 16 * 94 * 94
 
@@ -266,14 +310,20 @@ print(os.waitstatus_to_exitcode(status))
 def test_a_fork_while_a_driver_compiles_leaves_a_working_child(tmp_path):
     """A fork copies numba's compiler lock as the background compile holds it: the fork
     waits for the compile, so that the child can compile too instead of waiting forever."""
-    result = subprocess.run([sys.executable, "-c", _FORK_WHILE_COMPILING], capture_output=True,
-                            text=True, env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", _FORK_WHILE_COMPILING],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0"]
 
 
-_COLLECTOR_DURING_COMPILES = _RECORDER + """
+_COLLECTOR_DURING_COMPILES = (
+    _RECORDER
+    + """
 import gc
 import threading
 import numpy as np
@@ -303,15 +353,20 @@ print(json.dumps({"during": collector_on, "after_enabled": after_enabled,
                   "after_disabled": after_disabled,
                   "kernels": sorted({name for name, writes in compiled if writes})}))
 """
+)
 
 
 def test_first_calls_pause_the_collector_while_their_kernels_compile(tmp_path):
     """On an empty cache a first call's kernel compiles with Python's garbage collector
     paused, and the collector is left as it was: on again after a call that found it on,
     still off after one that found it off."""
-    result = subprocess.run([sys.executable, "-c", _COLLECTOR_DURING_COMPILES],
-                            env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", _COLLECTOR_DURING_COMPILES],
+        env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     recorded = json.loads(result.stdout.splitlines()[-1])
     assert {"column_units", "fixed_sum_units"} <= set(recorded["kernels"])

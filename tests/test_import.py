@@ -19,7 +19,8 @@ print(json.dumps({"compiled": sum(len(k.signatures) for k in kernels),
 
 
 def test_import_compiles_nothing_and_loads_no_optional_package():
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True
+    ).stdout
     report = json.loads(out)
     assert report == {"compiled": 0, "optional": [], "array_lowering": False}

@@ -22,7 +22,8 @@ def test_max_pool_indices_past_2_to_the_31():
     expected_offsets = windows.argmax(axis=1) + np.arange(16) * 1024  # first maximum
     np.testing.assert_array_equal(y[0], np.broadcast_to(windows.max(axis=1), (channels, 16)))
     np.testing.assert_array_equal(
-        indices[0], np.arange(channels)[:, None] * length + expected_offsets[None, :])
+        indices[0], np.arange(channels)[:, None] * length + expected_offsets[None, :]
+    )
     assert indices.max() > BIG
 
 
@@ -30,7 +31,7 @@ def test_global_average_pool_of_channels_past_2_to_the_30():
     length = 2**30 + 1
     x = np.broadcast_to(np.float16(0.5), (1, 2, length))
     assert x.size > BIG
-    np.testing.assert_array_equal(numbapool.global_average_pool(x), np.full((1, 2, 1), 0.5,
-                                                                            np.float16))
-    np.testing.assert_array_equal(numbapool.global_max_pool(x), np.full((1, 2, 1), 0.5,
-                                                                        np.float16))
+    np.testing.assert_array_equal(
+        numbapool.global_average_pool(x), np.full((1, 2, 1), 0.5, np.float16)
+    )
+    np.testing.assert_array_equal(numbapool.global_max_pool(x), np.full((1, 2, 1), 0.5, np.float16))

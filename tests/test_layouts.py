@@ -29,14 +29,17 @@ def layouts(dtype):
 
 
 CALLS = {
-    "max_pool": lambda x: numbapool.max_pool(x, [3, 2], strides=[2, 1], pads=[1, 0, 1, 1],
-                                             return_indices=True)[1],
+    "max_pool": lambda x: numbapool.max_pool(
+        x, [3, 2], strides=[2, 1], pads=[1, 0, 1, 1], return_indices=True
+    )[1],
     "max_pool values": lambda x: numbapool.max_pool(x, [2, 2], dilations=[2, 1]),
-    "average_pool": lambda x: numbapool.average_pool(x, [3, 3], pads=[1, 1, 1, 1],
-                                                     count_include_pad=1),
+    "average_pool": lambda x: numbapool.average_pool(
+        x, [3, 3], pads=[1, 1, 1, 1], count_include_pad=1
+    ),
     # stride 3 along the first axis: the generic summing kernel, not the planes' (planes.py)
-    "average_pool strided": lambda x: numbapool.average_pool(x, [3, 3], strides=[3, 1],
-                                                             pads=[1, 1, 1, 1]),
+    "average_pool strided": lambda x: numbapool.average_pool(
+        x, [3, 3], strides=[3, 1], pads=[1, 1, 1, 1]
+    ),
     "lp_pool": lambda x: numbapool.lp_pool(x, [2, 3], p=3, ceil_mode=1, strides=[2, 2]),
     "global_max_pool": numbapool.global_max_pool,
     "global_average_pool": numbapool.global_average_pool,
@@ -62,8 +65,9 @@ def test_integer_max_pool_layouts(dtype):
     for x in (x8, x8[:, :, ::-1], np.asfortranarray(x8)):
         before = x.copy()
         y, indices = numbapool.max_pool(x, [2, 3], pads=[1, 1, 0, 0], return_indices=True)
-        y_ref, indices_ref = reference.pool("MaxPool", np.ascontiguousarray(x), [2, 3],
-                                            pads=[1, 1, 0, 0])
+        y_ref, indices_ref = reference.pool(
+            "MaxPool", np.ascontiguousarray(x), [2, 3], pads=[1, 1, 0, 0]
+        )
         np.testing.assert_array_equal(y, y_ref)
         np.testing.assert_array_equal(indices, indices_ref)
         np.testing.assert_array_equal(x, before)
@@ -85,10 +89,14 @@ def test_results_are_fresh_arrays():
 
 def test_max_unpool_layouts():
     # 8 x 10 pools to 4 x 5, whose default unpooled shape is 8 x 10 again
-    y, indices = numbapool.max_pool(BASE[:, :, :8].astype(np.float32), [2, 2], strides=[2, 2],
-                                    return_indices=True)
-    for values, idx in ((y, indices), (np.asfortranarray(y), np.asfortranarray(indices)),
-                        (y.astype(">f4"), indices.astype(">i8"))):
+    y, indices = numbapool.max_pool(
+        BASE[:, :, :8].astype(np.float32), [2, 2], strides=[2, 2], return_indices=True
+    )
+    for values, idx in (
+        (y, indices),
+        (np.asfortranarray(y), np.asfortranarray(indices)),
+        (y.astype(">f4"), indices.astype(">i8")),
+    ):
         got = numbapool.max_unpool(values, idx, [2, 2], strides=[2, 2])
         expected = reference.unpool(y, indices, [2, 2], strides=[2, 2])
         np.testing.assert_array_equal(got, expected)
@@ -101,8 +109,11 @@ def test_empty_batch_or_channels(shape):
     assert y.shape == indices.shape == shape[:2] + (4, 4)
     assert numbapool.average_pool(x, [3, 3], pads=[1, 1, 1, 1]).shape == shape
     assert numbapool.lp_pool(x, [5, 5]).shape == shape[:2] + (1, 1)
-    for pool_ in (numbapool.global_max_pool, numbapool.global_average_pool,
-                  numbapool.global_lp_pool):
+    for pool_ in (
+        numbapool.global_max_pool,
+        numbapool.global_average_pool,
+        numbapool.global_lp_pool,
+    ):
         assert pool_(x).shape == shape[:2] + (1, 1)
     assert numbapool.max_unpool(y, indices, [2, 2]).shape == shape
 
@@ -115,12 +126,25 @@ def _kernel_signatures() -> dict:
     from numbapool._kernels import columns, fixed, global_, maxima, parallel, planes, sums, unpool
 
     modules = (columns, fixed, global_, maxima, parallel, planes, sums, unpool)
-    assert {m.__name__ for m in modules} >= {f"{_kernels.__name__}.{name}" for name in
-                                             ("columns", "fixed", "global_", "maxima",
-                                              "parallel", "planes", "sums", "unpool")}
-    return {(module.__name__, name): list(value.signatures) for module in modules
-            for name, value in vars(module).items()
-            if isinstance(value, numba.core.registry.CPUDispatcher)}
+    assert {m.__name__ for m in modules} >= {
+        f"{_kernels.__name__}.{name}"
+        for name in (
+            "columns",
+            "fixed",
+            "global_",
+            "maxima",
+            "parallel",
+            "planes",
+            "sums",
+            "unpool",
+        )
+    }
+    return {
+        (module.__name__, name): list(value.signatures)
+        for module in modules
+        for name, value in vars(module).items()
+        if isinstance(value, numba.core.registry.CPUDispatcher)
+    }
 
 
 @pytest.mark.parametrize("side", [5, 96])  # the serial entry point; the parallel driver too
@@ -135,7 +159,8 @@ def test_read_only_inputs_share_the_compiled_kernels(side):
     read_only.flags.writeable = False
     calls = [CALLS[op] for op in sorted(CALLS)] + [
         lambda x: numbapool.max_pool(x, [3, 3], strides=[2, 2]),
-        lambda x: numbapool.average_pool(x, [2, 2], strides=[2, 2])]
+        lambda x: numbapool.average_pool(x, [2, 2], strides=[2, 2]),
+    ]
     for call in calls:
         call(x)
         parallel.wait_for_drivers()  # the driver compiling in the background, if any

@@ -18,6 +18,7 @@ from numbapool._numba import LiteralKindsCompiler
 def _by_kind(pipeline_class):
     """(a function of (x, kind) compiled with this pipeline, the callee of kind 0's branch,
     the callee of the others')."""
+
     @njit
     def plus_one(x):
         return x + 1
@@ -102,7 +103,6 @@ def test_a_branch_a_literal_kind_never_takes_is_pruned_before_inlining(monkeypat
     assert (taken(5, 0, True), inlined) == (6, ["plus_one"])
     other = _compiled_for(by_kind, types.int64, types.literal(0), types.literal(False))
     assert (other(5, 0, False), inlined) == (10, ["plus_one", "twice"])
-
 
 
 def test_an_inlined_function_is_made_into_ir_once(monkeypatch):
@@ -210,9 +210,13 @@ def test_the_summing_kernel_compiles_one_kind_of_p(tmp_path):
     # LpPool's roots, and LpPool's none of AveragePool's three-tap rows; a window 3 taps
     # wide compiles the three-tap rows and not the generic ones (nor their loop per kind of
     # p, _kind_run), a 4-wide one the reverse
-    process = subprocess.run([sys.executable, "-c", _COMPILES_PER_OPERATOR],
-                             capture_output=True, text=True, timeout=600,
-                             env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)})
+    process = subprocess.run(
+        [sys.executable, "-c", _COMPILES_PER_OPERATOR],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
+    )
     assert process.returncode == 0, process.stderr
     three_wide, four_wide, lp = json.loads(process.stdout.splitlines()[-1])
     assert three_wide["sum_pool_units"] == 1 and three_wide["three_tap_row_sums"] == 1

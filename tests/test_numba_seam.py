@@ -27,14 +27,35 @@ from numbapool._kernels import parallel
 PACKAGE = pathlib.Path(numbapool.__file__).parent
 # what numbapool imports of numba outside the seam: what numba's user documentation
 # describes as public
-PUBLIC = {"numba", "numba:njit", "numba:prange", "numba:types", "numba.extending:intrinsic",
-          "numba.extending:overload", "numba.core.extending:intrinsic",
-          "numba.core.extending:overload", "numba.core:cgutils", "numba.core:event"}
+PUBLIC = {
+    "numba",
+    "numba:njit",
+    "numba:prange",
+    "numba:types",
+    "numba.extending:intrinsic",
+    "numba.extending:overload",
+    "numba.core.extending:intrinsic",
+    "numba.core.extending:overload",
+    "numba.core:cgutils",
+    "numba.core:event",
+}
 # attributes of numba's objects that only the seam reads
-INTERNAL_ATTRIBUTES = {"overloads", "typeof_pyval", "call_conv", "get_arg_packer", "targetctx",
-                       "target_context", "fndesc", "_cache", "data_model_manager",
-                       "create_library", "_is_initialized", "_get_num_threads",
-                       "_launch_threads", "_locator_classes"}
+INTERNAL_ATTRIBUTES = {
+    "overloads",
+    "typeof_pyval",
+    "call_conv",
+    "get_arg_packer",
+    "targetctx",
+    "target_context",
+    "fndesc",
+    "_cache",
+    "data_model_manager",
+    "create_library",
+    "_is_initialized",
+    "_get_num_threads",
+    "_launch_threads",
+    "_locator_classes",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -65,8 +86,11 @@ def test_nothing_outside_the_seam_uses_numbas_internals():
         if path.name == "_numba.py":
             continue
         private = [entry for entry in _numba_imports(path) if entry not in PUBLIC]
-        private += [f".{node.attr}" for node in ast.walk(ast.parse(path.read_text()))
-                    if isinstance(node, ast.Attribute) and node.attr in INTERNAL_ATTRIBUTES]
+        private += [
+            f".{node.attr}"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Attribute) and node.attr in INTERNAL_ATTRIBUTES
+        ]
         if private:
             outside[str(path.relative_to(PACKAGE))] = private
     assert outside == {}
@@ -78,7 +102,7 @@ def test_an_llvm_older_than_the_kernels_need_is_refused_naming_the_versions():
         _numba.check_llvm((15, 0, 7))
     message = str(error.value)
     assert f"numba {numba.__version__}" in message and "LLVM 20" in message
-    assert f'numba>={_numba.oldest_numba()}' in message
+    assert f"numba>={_numba.oldest_numba()}" in message
 
 
 def test_the_oldest_numba_named_is_the_one_pyproject_declares():
@@ -87,11 +111,12 @@ def test_the_oldest_numba_named_is_the_one_pyproject_declares():
 
 
 def test_numba_and_llvm_older_than_supported_are_refused_at_import():
-    script = ("from llvmlite import binding\n"
-              "binding.llvm_version_info = (15, 0, 7)\n"
-              "import numbapool\n")
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=120)
+    script = (
+        "from llvmlite import binding\nbinding.llvm_version_info = (15, 0, 7)\nimport numbapool\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 1
     assert "NumbaInternalsError" in run.stderr and "LLVM 20 or newer" in run.stderr
 
@@ -113,9 +138,9 @@ def test_the_array_layout_is_read_from_numbas_data_model():
     array = types.Array(types.float32, 2, "C")
     fields = _numba.array_fields(cpu_target.target_context, array)
     model = cpu_target.target_context.data_model_manager[array]
-    assert [name for name, _ in fields] == [name for name in model._fields
-                                             for _ in range(2 if name in ("shape", "strides")
-                                                            else 1)]
+    assert [name for name, _ in fields] == [
+        name for name in model._fields for _ in range(2 if name in ("shape", "strides") else 1)
+    ]
 
 
 class _ReorderedModel:
@@ -141,17 +166,23 @@ class _Models:
         return getattr(self.models, name)
 
 
-@pytest.mark.parametrize("fields", [
-    ("meminfo", "parent", "data", "itemsize", "nitems", "shape", "strides"),  # data moved
-    ("meminfo", "parent", "nitems", "itemsize", "data", "shape", "strides", "flags"),
-    ("meminfo", "parent", "size", "itemsize", "data", "shape", "strides"),
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        ("meminfo", "parent", "data", "itemsize", "nitems", "shape", "strides"),  # data moved
+        ("meminfo", "parent", "nitems", "itemsize", "data", "shape", "strides", "flags"),
+        ("meminfo", "parent", "size", "itemsize", "data", "shape", "strides"),
+    ],
+)
 def test_an_array_layout_the_driver_cannot_pack_is_refused(fields, monkeypatch):
     context = cpu_target.target_context
     array = types.Array(types.float32, 2, "C")
     model = context.data_model_manager[array]
-    monkeypatch.setattr(context, "data_model_manager", _Models(context.data_model_manager,
-                                                                  _ReorderedModel(model, fields)))
+    monkeypatch.setattr(
+        context,
+        "data_model_manager",
+        _Models(context.data_model_manager, _ReorderedModel(model, fields)),
+    )
     with pytest.raises(_numba.NumbaInternalsError, match="array"):
         _numba.array_fields(context, array)
 
@@ -162,8 +193,11 @@ def test_a_layout_with_two_fields_swapped_is_packed_in_numbas_order(monkeypatch)
     array = types.Array(types.float32, 2, "C")
     model = context.data_model_manager[array]
     swapped = ("meminfo", "parent", "itemsize", "nitems", "data", "shape", "strides")
-    monkeypatch.setattr(context, "data_model_manager", _Models(context.data_model_manager,
-                                                                  _ReorderedModel(model, swapped)))
+    monkeypatch.setattr(
+        context,
+        "data_model_manager",
+        _Models(context.data_model_manager, _ReorderedModel(model, swapped)),
+    )
     value = np.zeros((3, 5), np.float32)
     slots = parallel._flattened(context, array, value)
     assert [(name, field) for _, field, name in slots][2:4] == [("itemsize", 4), ("nitems", 15)]
@@ -187,16 +221,20 @@ def test_a_dispatcher_without_compiled_overloads_is_refused():
 @pytest.mark.parametrize("symbol", ["get_num_threads", "set_parallel_chunksize"])
 def test_a_threading_layer_without_its_c_functions_is_refused(symbol, monkeypatch):
     lookup = _numba._llvm.address_of_symbol
-    monkeypatch.setattr(_numba._llvm, "address_of_symbol",
-                        lambda name: None if name == symbol else lookup(name))
+    monkeypatch.setattr(
+        _numba._llvm, "address_of_symbol", lambda name: None if name == symbol else lookup(name)
+    )
     with pytest.raises(_numba.NumbaInternalsError, match=symbol):
         _numba.check_threading_layer.__wrapped__()
 
 
 def test_a_runtime_without_its_c_functions_is_refused(monkeypatch):
     lookup = _numba._llvm.address_of_symbol
-    monkeypatch.setattr(_numba._llvm, "address_of_symbol",
-                        lambda name: None if name == "NRT_MemInfo_release" else lookup(name))
+    monkeypatch.setattr(
+        _numba._llvm,
+        "address_of_symbol",
+        lambda name: None if name == "NRT_MemInfo_release" else lookup(name),
+    )
     with pytest.raises(_numba.NumbaInternalsError, match="NRT_MemInfo_release"):
         _numba.check_runtime.__wrapped__()
 
@@ -243,6 +281,7 @@ def test_an_inliner_with_another_signature_gets_numbas_own_inlining(monkeypatch)
     monkeypatch.setattr(_numba, "_UNTYPED_IR", {})
     _numba._inliner_problem.cache_clear()
     try:
+
         @numba.njit(inline="always")
         def plus(x, y):
             return x + y
@@ -282,13 +321,13 @@ def test_an_ir_without_its_definitions_is_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("method", ["_save_index", "_load_overload"])
-def test_cache_classes_without_their_methods_give_numbas_own_cache(method, monkeypatch,
-                                                                   tmp_path):
+def test_cache_classes_without_their_methods_give_numbas_own_cache(method, monkeypatch, tmp_path):
     owner = caching.IndexDataCacheFile if method == "_save_index" else caching.FunctionCache
     _delete(monkeypatch, owner, method)
     _numba._cache_problem.cache_clear()
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     try:
+
         def add_one(x):
             return x + 1
 
@@ -300,8 +339,7 @@ def test_cache_classes_without_their_methods_give_numbas_own_cache(method, monke
         _numba._cache_problem.cache_clear()
 
 
-def test_a_cache_without_the_attributes_it_reads_gives_numbas_own_cache(monkeypatch,
-                                                                         tmp_path):
+def test_a_cache_without_the_attributes_it_reads_gives_numbas_own_cache(monkeypatch, tmp_path):
     numbas = caching.IndexDataCacheFile.__init__
 
     def without_stamp(self, cache_path, filename_base, source_stamp):
@@ -344,16 +382,26 @@ print(sorted({str(w.message).split("assumption of ")[1].split(" (")[0] for w in 
 np.save(sys.argv[1], np.concatenate([y.ravel(), z.ravel()]))
 """
     out = tmp_path / "results.npy"
-    run = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True,
-                         text=True, timeout=600,
-                         env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)})
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
+    )
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == str(sorted([
-        "numbapool's compiler pipeline", "numbapool's disk cache", "the kernels' jit options"]))
+    assert run.stdout.strip() == str(
+        sorted(
+            ["numbapool's compiler pipeline", "numbapool's disk cache", "the kernels' jit options"]
+        )
+    )
     x = np.arange(2 * 3 * 7 * 7, dtype=np.float32).reshape(2, 3, 7, 7) % 11
-    expected = np.concatenate([
-        pool("AveragePool", x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1]).ravel(),
-        pool("LpPool", x, [2, 2], p=3).ravel()])
+    expected = np.concatenate(
+        [
+            pool("AveragePool", x, [3, 3], strides=[2, 2], pads=[1, 1, 1, 1]).ravel(),
+            pool("LpPool", x, [2, 2], p=3).ravel(),
+        ]
+    )
     np.testing.assert_allclose(np.load(out), expected, rtol=2e-6)
 
 
@@ -389,16 +437,28 @@ def test_a_change_to_a_helper_module_alone_compiles_its_kernels_again(tmp_path):
     import shutil
 
     copy = tmp_path / "package"
-    shutil.copytree(pathlib.Path(numbapool.__file__).parent, copy / "numbapool",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        pathlib.Path(numbapool.__file__).parent,
+        copy / "numbapool",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     env = {**os.environ, "PYTHONPATH": str(copy), "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
 
     def compiled():
-        run = subprocess.run([sys.executable, "-c", _CACHED_CALL], capture_output=True,
-                             text=True, timeout=600, env=env, cwd=tmp_path)
+        run = subprocess.run(
+            [sys.executable, "-c", _CACHED_CALL],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            cwd=tmp_path,
+        )
         assert run.returncode == 0, run.stderr
-        return [name for name in __import__("json").loads(run.stdout.splitlines()[-1])
-                if name == "global_max_units"]
+        return [
+            name
+            for name in __import__("json").loads(run.stdout.splitlines()[-1])
+            if name == "global_max_units"
+        ]
 
     assert compiled() == ["global_max_units"]
     assert compiled() == []  # loaded from the cache

@@ -19,13 +19,17 @@ def _node_cases():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # unrelated operators' cases warn while being built
         cases = collect_testcases(None)
-    return [c for c in cases
-            if len(c.model.graph.node) == 1 and c.model.graph.node[0].op_type in POOLING_OPS]
+    return [
+        c
+        for c in cases
+        if len(c.model.graph.node) == 1 and c.model.graph.node[0].op_type in POOLING_OPS
+    ]
 
 
 NODE_CASES = _node_cases()
-CONVERTED_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data",
-                             "pytorch-converted")
+CONVERTED_DIR = os.path.join(
+    os.path.dirname(onnx.__file__), "backend", "test", "data", "pytorch-converted"
+)
 CONVERTED = sorted(d for d in os.listdir(CONVERTED_DIR) if "Pool" in d)
 
 
@@ -50,8 +54,9 @@ EXPECTED_TO_DIFFER = {
     # onnx.reference scatters the indices in the default output and puts it at the origin
     # of output_shape; numbapool reads them as positions of output_shape, as onnxruntime
     # and PyTorch do and as MaxPool's Indices name positions of its input
-    "test_maxunpool_export_with_output_shape": lambda node, inputs: [reference.unpool(
-        inputs[0], inputs[1], **attributes(node), output_shape=inputs[2])],
+    "test_maxunpool_export_with_output_shape": lambda node, inputs: [
+        reference.unpool(inputs[0], inputs[1], **attributes(node), output_shape=inputs[2])
+    ],
 }
 
 
@@ -64,8 +69,10 @@ def test_node(case):
         assert len(results) == len(outputs)
         if case.name in EXPECTED_TO_DIFFER:
             assert not all(np.array_equal(a, e) for a, e in zip(results, outputs))
-            outputs = [np.asarray(e, dtype=a.dtype) for a, e in zip(
-                results, EXPECTED_TO_DIFFER[case.name](node, list(inputs)))]
+            outputs = [
+                np.asarray(e, dtype=a.dtype)
+                for a, e in zip(results, EXPECTED_TO_DIFFER[case.name](node, list(inputs)))
+            ]
         for actual, expected in zip(results, outputs):
             _compare(actual, expected, case.rtol, case.atol)
 
@@ -86,8 +93,9 @@ def test_pytorch_converted(name):
 
         def load(prefix, path=path):
             files = sorted(f for f in os.listdir(path) if f.startswith(prefix))
-            return [onnx.numpy_helper.to_array(onnx.load_tensor(os.path.join(path, f)))
-                    for f in files]
+            return [
+                onnx.numpy_helper.to_array(onnx.load_tensor(os.path.join(path, f))) for f in files
+            ]
 
         results = _run_graph(model.graph, load("input_"))
         for actual, expected in zip(results, load("output_"), strict=True):

@@ -15,10 +15,20 @@ def test_repeated_calls_reuse_one_plan():
 
 
 def test_plan_shows_as_a_table():
-    plan = _plan.window_plan("AveragePool", (1, 1, 5), np.dtype(np.float32), [3],
-                             auto_pad="SAME_LOWER", strides=[2], count_include_pad=1)
+    plan = _plan.window_plan(
+        "AveragePool",
+        (1, 1, 5),
+        np.dtype(np.float32),
+        [3],
+        auto_pad="SAME_LOWER",
+        strides=[2],
+        count_include_pad=1,
+    )
     html = plan._repr_html_()
     assert html.startswith("<table>")
-    for expected in ("<th>output shape</th><td>(1, 1, 3)</td>", "<th>pads (begin)</th><td>(1,)</td>",
-                     "<th>count_include_pad</th><td>1</td>"):
+    for expected in (
+        "<th>output shape</th><td>(1, 1, 3)</td>",
+        "<th>pads (begin)</th><td>(1,)</td>",
+        "<th>count_include_pad</th><td>1</td>",
+    ):
         assert expected in html

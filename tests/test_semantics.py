@@ -19,7 +19,9 @@ def row(*values, dtype=np.float32):
 
 
 def same(actual, expected):
-    np.testing.assert_array_equal(actual, np.asarray(expected, dtype=actual.dtype).reshape(actual.shape))
+    np.testing.assert_array_equal(
+        actual, np.asarray(expected, dtype=actual.dtype).reshape(actual.shape)
+    )
 
 
 def test_1_explicit_pads_floor_and_ceil():
@@ -35,8 +37,10 @@ def test_2_same_pads_count_dilations_and_ignore_ceil_mode():
     same(numbapool.average_pool(x, [3], strides=[2], auto_pad="SAME_UPPER"), [2, 3.5])
     same(numbapool.average_pool(x, [3], strides=[2], auto_pad="SAME_LOWER"), [1.5, 3])
     same(numbapool.average_pool(x, [2], dilations=[2], auto_pad="SAME_UPPER"), [2, 2, 3, 3])
-    same(numbapool.average_pool(x, [2], dilations=[2], auto_pad="SAME_UPPER", ceil_mode=1),
-         [2, 2, 3, 3])
+    same(
+        numbapool.average_pool(x, [2], dilations=[2], auto_pad="SAME_UPPER", ceil_mode=1),
+        [2, 2, 3, 3],
+    )
 
 
 def test_3_valid_applies_ceil_mode():
@@ -44,8 +48,12 @@ def test_3_valid_applies_ceil_mode():
     same(numbapool.max_pool(x, [2], strides=[2], auto_pad="VALID", ceil_mode=1), [2, 4, 5])
     # all-zero pads beside auto_pad, as exported models write them, change nothing
     same(numbapool.max_pool(x, [2], strides=[2], auto_pad="VALID", pads=[0, 0]), [2, 4])
-    same(numbapool.average_pool(row(1, 2, 3, 4), [3], strides=[2], auto_pad="SAME_UPPER",
-                                pads=[0, 0]), [2, 3.5])
+    same(
+        numbapool.average_pool(
+            row(1, 2, 3, 4), [3], strides=[2], auto_pad="SAME_UPPER", pads=[0, 0]
+        ),
+        [2, 3.5],
+    )
 
 
 def test_4_average_divisor():
@@ -92,8 +100,7 @@ def test_8_indices():
 
 
 def test_9_pads_larger_than_the_kernel():
-    same(numbapool.average_pool(row(1, 2, 3, 4, 5), [2], strides=[3], pads=[4, 4]),
-         [0, 1, 3.5, 0])
+    same(numbapool.average_pool(row(1, 2, 3, 4, 5), [2], strides=[3], pads=[4, 4]), [0, 1, 3.5, 0])
 
 
 def test_10_ranks_and_empty_inputs():
@@ -110,8 +117,10 @@ def test_10_ranks_and_empty_inputs():
 def test_11_max_unpool():
     x = np.array([[[[1, 2], [3, 4]]]], dtype=np.float32)
     indices = np.array([[[[5, 7], [13, 15]]]])
-    same(numbapool.max_unpool(x, indices, [2, 2], strides=[2, 2]),
-         [[0, 0, 0, 0], [0, 1, 0, 2], [0, 0, 0, 0], [0, 3, 0, 4]])
+    same(
+        numbapool.max_unpool(x, indices, [2, 2], strides=[2, 2]),
+        [[0, 0, 0, 0], [0, 1, 0, 2], [0, 0, 0, 0], [0, 3, 0, 4]],
+    )
     # with output_shape, the indices name positions of output_shape, as MaxPool's Indices
     # name positions of its input
     y = numbapool.max_unpool(x, indices, [2, 2], strides=[2, 2], output_shape=(1, 1, 5, 5))
@@ -119,8 +128,10 @@ def test_11_max_unpool():
     # MaxPool of a 5x5 image and back: each maximum where it was
     pooled = np.arange(25, dtype=np.float32).reshape(1, 1, 5, 5)
     top, where = numbapool.max_pool(pooled, [2, 2], strides=[2, 2], return_indices=True)
-    same(numbapool.max_unpool(top, where, [2, 2], strides=[2, 2], output_shape=pooled.shape),
-         [[0, 0, 0, 0, 0], [0, 6, 0, 8, 0], [0, 0, 0, 0, 0], [0, 16, 0, 18, 0], [0, 0, 0, 0, 0]])
+    same(
+        numbapool.max_unpool(top, where, [2, 2], strides=[2, 2], output_shape=pooled.shape),
+        [[0, 0, 0, 0, 0], [0, 6, 0, 8, 0], [0, 0, 0, 0, 0], [0, 16, 0, 18, 0], [0, 0, 0, 0, 0]],
+    )
     with pytest.raises(ValueError, match="index 16 is outside"):
         numbapool.max_unpool(x, indices + 1, [2, 2], strides=[2, 2])
     with pytest.raises(ValueError, match="index 15 is outside .0, 9., the row-major positions"):
@@ -136,8 +147,9 @@ def test_lp_pool_accumulates_in_float64():
     # itself fits: float32 accumulation would give inf and lose the small windows
     x = np.array([[[3.5, 0.004, -1.25]]], dtype=np.float32)
     expected = (np.abs(x.astype(np.float64)) ** 74) ** (1 / 74)
-    np.testing.assert_allclose(numbapool.lp_pool(x, [1], p=74), expected.astype(np.float32),
-                               rtol=2e-7)
+    np.testing.assert_allclose(
+        numbapool.lp_pool(x, [1], p=74), expected.astype(np.float32), rtol=2e-7
+    )
     # a p below float32's range is not rounded to 0 (1 / p would divide by zero)
     tiny = (np.abs(x.astype(np.float64)) ** 1e-140) ** 1e140
     np.testing.assert_array_equal(numbapool.lp_pool(x, [1], p=1e-140), tiny.astype(np.float32))
@@ -155,8 +167,11 @@ def _round_once(values, dtype):
     for i, value in enumerate(values):
         if not np.isfinite(value):
             continue
-        candidates = [np.array([int(bits[i]) + step], np.uint16).view(dtype)[0]
-                      for step in (-1, 0, 1) if 0 <= int(bits[i]) + step <= 0xFFFF]
+        candidates = [
+            np.array([int(bits[i]) + step], np.uint16).view(dtype)[0]
+            for step in (-1, 0, 1)
+            if 0 <= int(bits[i]) + step <= 0xFFFF
+        ]
         candidates = [c for c in candidates if np.isfinite(np.float64(c))]
         error = [abs(Fraction(float(c)) - Fraction(float(value))) for c in candidates]
         best = min(error)
@@ -175,15 +190,21 @@ def test_global_sums_equal_the_in_order_sum(dtype, length):
     # signs; infinities and NaN. Zeros before the four values fill the channel's length,
     # so that they are the last elements.
     rng = np.random.default_rng(7)
-    huge = 2.0 ** 60 if dtype != np.float16 else 2.0 ** 15
-    channels = [[huge, 1.0, -huge, 2.0 ** -24], [1.0, -huge, huge, 2.0 ** -24],
-                [-0.0, -0.0, -0.0, -0.0], [0.0, -0.0, 0.0, -0.0], [np.inf, 1.0, 2.0, 3.0],
-                [np.inf, -np.inf, 1.0, 2.0], [np.nan, 1.0, 2.0, 3.0]]
+    huge = 2.0**60 if dtype != np.float16 else 2.0**15
+    channels = [
+        [huge, 1.0, -huge, 2.0**-24],
+        [1.0, -huge, huge, 2.0**-24],
+        [-0.0, -0.0, -0.0, -0.0],
+        [0.0, -0.0, 0.0, -0.0],
+        [np.inf, 1.0, 2.0, 3.0],
+        [np.inf, -np.inf, 1.0, 2.0],
+        [np.nan, 1.0, 2.0, 3.0],
+    ]
     for _ in range(300):
         scale = 2.0 ** rng.integers(-30, 30 if dtype != np.float16 else 4)
-        channels.append(list(rng.choice([-1.0, 1.0], 4) * scale * rng.integers(1, 2 ** 11, 4)))
+        channels.append(list(rng.choice([-1.0, 1.0], 4) * scale * rng.integers(1, 2**11, 4)))
         base = rng.standard_normal(3)
-        channels.append([*base, -base.sum() + rng.choice([0.0, 2.0 ** -40, -2.0 ** -50])])
+        channels.append([*base, -base.sum() + rng.choice([0.0, 2.0**-40, -(2.0**-50)])])
     padded = np.zeros((len(channels), length))
     padded[:, -4:] = channels
     x = padded.astype(dtype).reshape(1, len(channels), length)
@@ -191,10 +212,12 @@ def test_global_sums_equal_the_in_order_sum(dtype, length):
     # so it is never -0): only the four values are added here.
     wide = x.astype(np.float64)[0, :, -4:]
     for op, term, finish in [
-            ("average", lambda v: v, lambda total: total / length),
-            ("p=1", abs, lambda total: total), ("p=2", lambda v: v * v, np.sqrt),
-            ("p=3", lambda v: abs(v) * abs(v) * abs(v), lambda total: total ** (1 / 3)),
-            ("p=2.5", lambda v: abs(v) ** 2.5, lambda total: total ** (1 / 2.5))]:
+        ("average", lambda v: v, lambda total: total / length),
+        ("p=1", abs, lambda total: total),
+        ("p=2", lambda v: v * v, np.sqrt),
+        ("p=3", lambda v: abs(v) * abs(v) * abs(v), lambda total: total ** (1 / 3)),
+        ("p=2.5", lambda v: abs(v) ** 2.5, lambda total: total ** (1 / 2.5)),
+    ]:
         expected = []
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, rounding past float16
             for values in wide:
@@ -221,7 +244,7 @@ def _float32_block_mean(channel, dtype):
     total = 0.0
     for start in range(0, len(values), 1024):
         lanes = [np.float32(0.0)] * 64
-        for j, value in enumerate(values[start:start + 1024]):
+        for j, value in enumerate(values[start : start + 1024]):
             lanes[j % 64] = np.float32(lanes[j % 64] + value)
         half = 32
         while half:
@@ -234,10 +257,10 @@ def _float32_block_mean(channel, dtype):
 def test_global_average_float32_blocks_examples():
     # docs/semantics.md's two examples: the lanes' tree meets 2**30 and -2**30 before 28
     # joins, or 2**30 and 16 first, which float32 rounds to 2**30
-    x = np.array([2.0 ** 30, 16, -(2.0 ** 30), 12], np.float32).reshape(1, 1, 4)
+    x = np.array([2.0**30, 16, -(2.0**30), 12], np.float32).reshape(1, 1, 4)
     assert numbapool.global_average_pool(x).reshape(-1).tolist() == [7.0]
     x = np.zeros((1, 1, 34), np.float32)
-    x[0, 0, [0, 1, 32, 33]] = [2.0 ** 30, -(2.0 ** 30), 16, 12]
+    x[0, 0, [0, 1, 32, 33]] = [2.0**30, -(2.0**30), 16, 12]
     assert numbapool.global_average_pool(x).reshape(-1).tolist() == [0.0]
 
 
@@ -251,11 +274,17 @@ def test_global_average_float32_blocks(dtype, length):
     # the elements past the last whole run of lanes all meet them.
     rng = np.random.default_rng(length)
     big = 2.0 ** (14 if dtype == np.float16 else 30)
-    small = big * 2.0 ** -26  # lost in a float32 sum with big
+    small = big * 2.0**-26  # lost in a float32 sum with big
     largest = float(ml_dtypes.finfo(dtype).max)
-    patterns = [[big, small, -big, 0.75 * small], [big, -big, 1.5 * small, small * 2.0 ** -5],
-                [-0.0, -0.0, -0.0, -0.0], [np.inf, 1.0, 2.0, 3.0], [np.inf, -np.inf, 1.0, 2.0],
-                [np.nan, 1.0, 2.0, 3.0], [largest, largest, -largest, 1.0]]
+    patterns = [
+        [big, small, -big, 0.75 * small],
+        [big, -big, 1.5 * small, small * 2.0**-5],
+        [-0.0, -0.0, -0.0, -0.0],
+        [np.inf, 1.0, 2.0, 3.0],
+        [np.inf, -np.inf, 1.0, 2.0],
+        [np.nan, 1.0, 2.0, 3.0],
+        [largest, largest, -largest, 1.0],
+    ]
     for _ in range(60):
         patterns.append(list(rng.choice([-1.0, 1.0], 4) * big * 2.0 ** -rng.integers(0, 27, 4)))
         patterns.append(list(rng.standard_normal(4)))
@@ -288,15 +317,16 @@ def test_lp_pool_cubes_by_products():
     for c in range(2):
         for i in range(397):
             by_products = by_pow = 0.0
-            for v in wide[c, i:i + 4]:
+            for v in wide[c, i : i + 4]:
                 by_products += abs(v) * abs(v) * abs(v)
                 by_pow += abs(v) ** 3.0
             products[c, i], powers[c, i] = by_products ** (1 / 3), by_pow ** (1 / 3)
     assert products.tobytes() != powers.tobytes()  # the rule is visible in these values
     got = numbapool.lp_pool(x, [4], p=3)
     assert got[0].tobytes() == products.tobytes()
-    assert numbapool.global_lp_pool(x[:, :, :4], p=3).reshape(-1).tobytes() == \
-        products[:, 0].tobytes()
+    assert (
+        numbapool.global_lp_pool(x[:, :, :4], p=3).reshape(-1).tobytes() == products[:, 0].tobytes()
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
@@ -309,15 +339,22 @@ def test_lp_pool_cube_roots_are_pows_rounded(dtype):
     # (1 / 3 rounds down in float64), and the output rounds that, not the exact root (which
     # would round to even). Then windows of zeros, subnormals, infinities and NaN.
     bits = {np.float32: 24, np.float16: 11, ml_dtypes.bfloat16: 8}[dtype]
-    ks = np.arange(2 ** bits // 9 + 1, 2 ** (bits + 1) // 9 + 1)
+    ks = np.arange(2**bits // 9 + 1, 2 ** (bits + 1) // 9 + 1)
     ks = ks[ks % 2 == 1][:3000]
     # roots 9k and 9k 2**-22 (float16's smallest steps hold it) or 9k 2**-40
-    scales = [1.0, 2.0 ** -22 if dtype == np.float16 else 2.0 ** -40]
-    windows = [[k * scale, 6 * k * scale, 8 * k * scale, 0]
-               for scale in scales for k in ks.tolist()]
+    scales = [1.0, 2.0**-22 if dtype == np.float16 else 2.0**-40]
+    windows = [
+        [k * scale, 6 * k * scale, 8 * k * scale, 0] for scale in scales for k in ks.tolist()
+    ]
     tiny = float(ml_dtypes.finfo(dtype).smallest_subnormal)
-    windows += [[0, 0, 0, 0], [tiny, 0, -tiny, 0], [np.inf, 1, 0, 0], [np.nan, 1, 0, 0],
-                [-0.0, 0, 0, 0], [float(ml_dtypes.finfo(dtype).max), 1, 0, 0]]
+    windows += [
+        [0, 0, 0, 0],
+        [tiny, 0, -tiny, 0],
+        [np.inf, 1, 0, 0],
+        [np.nan, 1, 0, 0],
+        [-0.0, 0, 0, 0],
+        [float(ml_dtypes.finfo(dtype).max), 1, 0, 0],
+    ]
     x = np.array(windows, np.float64).astype(dtype)  # every value here is exact in dtype
     expected = []
     with np.errstate(over="ignore", invalid="ignore"):
@@ -330,7 +367,7 @@ def test_lp_pool_cube_roots_are_pows_rounded(dtype):
     # pow's result is visible here: it rounds down from some ties and up from others
     midpoints = np.concatenate([9.0 * ks * scale for scale in scales])
     exact_roots = _round_once(midpoints, dtype).astype(np.float64)  # ties to even
-    found = expected[:len(midpoints)].astype(np.float64)
+    found = expected[: len(midpoints)].astype(np.float64)
     assert (found < exact_roots).any() and (found > exact_roots).any()
     # 2x2 windows (the fixed-window kernel) and windows of 4 along one axis (the generic one)
     square = x.reshape(-1, 2, 2).transpose(1, 0, 2).reshape(1, 1, 2, -1)
@@ -355,11 +392,12 @@ def test_window_sums_in_the_stated_order(strides, count_include_pad):
     kernel = [3] * rank
     rng = np.random.default_rng(11)
     shape = (2, 3) + ((7, 9) if rank == 2 else (4, 5, 6))
-    pool = np.array([2.0 ** 24, -2.0 ** 24, 1.0, -1.0, 0.5, 0.0, -0.0, 3.0], np.float32)
+    pool = np.array([2.0**24, -(2.0**24), 1.0, -1.0, 0.5, 0.0, -0.0, 3.0], np.float32)
     x = rng.choice(pool, size=shape)
     pads = [1] * (2 * rank)
-    got = numbapool.average_pool(x, kernel, strides=strides, pads=pads,
-                                 count_include_pad=count_include_pad)
+    got = numbapool.average_pool(
+        x, kernel, strides=strides, pads=pads, count_include_pad=count_include_pad
+    )
     spatial = shape[2:]
     expected = np.empty_like(got)
     for n in range(shape[0]):
@@ -406,11 +444,17 @@ def test_approximate_cube_roots_cube_to_within_their_bound():
     rng = np.random.default_rng(7)
     mantissas = np.concatenate([np.linspace(1.0, 2.0, 4097)[:-1], 1.0 + rng.random(2048)])
     exponents = [-900, -899, -898, -2, -1, 0, 1, 2, 897, 898, 899]
-    totals = np.concatenate([np.ldexp(mantissas, e) for e in exponents]
-                            + [np.ldexp(1.0 + rng.random(4096), rng.integers(-900, 900, 4096)),
-                               [sums.CUBE_LOW, sums.CUBE_HIGH]])
+    totals = np.concatenate(
+        [np.ldexp(mantissas, e) for e in exponents]
+        + [
+            np.ldexp(1.0 + rng.random(4096), rng.integers(-900, 900, 4096)),
+            [sums.CUBE_LOW, sums.CUBE_HIGH],
+        ]
+    )
     out = np.empty_like(totals)
     roots(totals, out)
-    worst = max(abs(Fraction(a) ** 3 - Fraction(t)) / Fraction(t)
-                for a, t in zip(out.tolist(), totals.tolist()))
-    assert worst <= Fraction(1, 2 ** 48) < Fraction(sums.CUBE_SLACK)
+    worst = max(
+        abs(Fraction(a) ** 3 - Fraction(t)) / Fraction(t)
+        for a, t in zip(out.tolist(), totals.tolist())
+    )
+    assert worst <= Fraction(1, 2**48) < Fraction(sums.CUBE_SLACK)

@@ -65,11 +65,16 @@ def kernel(**options):
     (scratch.py); and without numba's C wrapper, a compile of its own: Python calls a
     kernel through its Python wrapper, the parallel driver and other kernels at its own
     address (_numba.KERNEL_OPTIONS)."""
-    options = {"nogil": True, "pipeline_class": _numba.LiteralKindsCompiler,
-               **_numba.KERNEL_OPTIONS, **options}
+    options = {
+        "nogil": True,
+        "pipeline_class": _numba.LiteralKindsCompiler,
+        **_numba.KERNEL_OPTIONS,
+        **options,
+    }
 
     def decorate(function):
         if CACHE_DIRECTORY is None:
             return njit(**options)(function)
         return _numba.njit_cached(function, **options)
+
     return decorate

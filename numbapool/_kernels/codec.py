@@ -82,11 +82,13 @@ def _low_16_bits_as_int16(typingctx, value):
 def decode(typingctx, value):
     """The value of one stored element, in the type the loops compute in."""
     if value == types.uint16:
-        return types.float32(value), lambda context, builder, signature, args: (
-            _half_bits_to_float32(builder, args[0]))
+        return types.float32(
+            value
+        ), lambda context, builder, signature, args: _half_bits_to_float32(builder, args[0])
     if value == types.int16:
-        return types.float32(value), lambda context, builder, signature, args: (
-            _bfloat16_bits_to_float32(builder, args[0]))
+        return types.float32(
+            value
+        ), lambda context, builder, signature, args: _bfloat16_bits_to_float32(builder, args[0])
     if isinstance(value, (types.Float, types.Integer)):
         value = types.unliteral(value)
         return value(value), lambda context, builder, signature, args: args[0]
@@ -175,6 +177,7 @@ def accumulator_array(typingctx, size, like):
     ``like``."""
     if not isinstance(size, types.Integer):
         return None
-    array_type = types.Array(types.float64 if _accumulates_in_float64(like) else types.float32,
-                             1, "C")
+    array_type = types.Array(
+        types.float64 if _accumulates_in_float64(like) else types.float32, 1, "C"
+    )
     return array_type(size, like), allocation(array_type)

@@ -69,13 +69,21 @@ def _fold_column_rows(columns, lo, hi, source, row_starts, rows, vector_fold, ke
         count = np.uint64(hi - lo)
         row_fold_first(columns, base, source, at0, at1, at2, count)
         for r in range(take, rows, 3):
-            row_fold_more(columns, base, source, np.uint64(row_starts[r]),
-                          np.uint64(row_starts[r + 1]), np.uint64(row_starts[r + 2]), count)
+            row_fold_more(
+                columns,
+                base,
+                source,
+                np.uint64(row_starts[r]),
+                np.uint64(row_starts[r + 1]),
+                np.uint64(row_starts[r + 2]),
+                count,
+            )
         return
     for i in range(hi - lo):
         k = np.uint64(i)
-        columns[base + k] = _row_max(_row_max(source[at0 + k], source[at1 + k], keep_first),
-                                     source[at2 + k], keep_first)
+        columns[base + k] = _row_max(
+            _row_max(source[at0 + k], source[at1 + k], keep_first), source[at2 + k], keep_first
+        )
     for r in range(take, rows, 3):
         at0 = np.uint64(row_starts[r])
         at1 = np.uint64(row_starts[r + 1])
@@ -169,8 +177,9 @@ def _three_wide_step_two_windows(columns, pairs, evens, target, base, count):
 # inlined by numba, not compiled once as units' helpers are: so, the 5x5 stride-1 MaxPool
 # over int8 and uint8 took 1.16 to 1.2x as long (A/B, 25 and 31 rounds)
 @njit(inline="always")
-def _input_row_starts(row_starts, row_offset, row_inside, starts, axes, taps, tap_offsets,
-                      k_last, start):
+def _input_row_starts(
+    row_starts, row_offset, row_inside, starts, axes, taps, tap_offsets, k_last, start
+):
     """row_starts[:n] = where a unit's window rows inside the input start (a row's first
     tap every ``k_last`` in the tap table), ``start`` columns into each input row; returns
     n."""
@@ -205,8 +214,22 @@ def column_kind(width, step, dilation):
 # The kind of window arrives as literal arguments (entry.py), so that each kind compiles
 # loops of its own with them constant.
 @kernel()
-def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block,
-                 window_width, window_step, check_ties, vector_fold, fold_planes):
+def column_units(
+    unit_begin,
+    unit_end,
+    x,
+    y,
+    lowest,
+    axes,
+    taps,
+    tap_offsets,
+    block,
+    window_width,
+    window_step,
+    check_ties,
+    vector_fold,
+    fold_planes,
+):
     """MaxPool without Indices, input rows first: the window's input rows are folded
     element by element into one row of column maxima (contiguous loads, which vectorize),
     then the last-axis taps are taken once per output row from that row.
@@ -255,7 +278,8 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
     prefetching = x.size * x.itemsize >= PREFETCH_INPUT_BYTES
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = unit_row(
-            unit, unit_begin, nc, positions, starts, axes, block, x, y)
+            unit, unit_begin, nc, positions, starts, axes, block, x, y
+        )
         span_start = first * axes[AXIS_STRIDE, last] - pad  # input position of columns[0]
         span = (end - 1 - first) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last]
         lo = min(span, max(0, -span_start))  # columns[lo:hi] lie inside the input
@@ -269,8 +293,9 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
             for axis in range(height):
                 key = key * axes[AXIS_OUT, axis] + positions[axis]
             if key != plane_state[0]:
-                new_planes = _outer_plane_starts(plane_starts, row_offset, starts, axes,
-                                                 taps, tap_offsets, k_height * k_last)
+                new_planes = _outer_plane_starts(
+                    plane_starts, row_offset, starts, axes, taps, tap_offsets, k_height * k_last
+                )
                 plane_state[1] = new_planes > 0
                 if new_planes == 0:  # none inside the input: nothing to fold
                     plane_state[0] = key
@@ -280,8 +305,17 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
                     row_starts[inside_rows] = h * in_last + span_start + lo
                     inside_rows += 1
         else:
-            inside_rows = _input_row_starts(row_starts, row_offset, row_inside, starts, axes,
-                                            taps, tap_offsets, k_last, span_start + lo)
+            inside_rows = _input_row_starts(
+                row_starts,
+                row_offset,
+                row_inside,
+                starts,
+                axes,
+                taps,
+                tap_offsets,
+                k_last,
+                span_start + lo,
+            )
         if inside_rows == 0:
             lo = hi = 0
         elif lead_count == 1 and not fold_planes:  # one input row per window
@@ -290,25 +324,33 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
             # the plane first where it is new (fold 0), then the unit's rows of it (fold 1)
             for fold in range(0 if new_planes else 1, 2):
                 into_plane = fold == 0
-                _fold_column_rows(plane if into_plane else columns, 0 if into_plane else lo,
-                                  plane.size if into_plane else hi,
-                                  source if into_plane else plane,
-                                  plane_starts if into_plane else row_starts,
-                                  new_planes if into_plane else inside_rows, vector_fold,
-                                  False)
+                _fold_column_rows(
+                    plane if into_plane else columns,
+                    0 if into_plane else lo,
+                    plane.size if into_plane else hi,
+                    source if into_plane else plane,
+                    plane_starts if into_plane else row_starts,
+                    new_planes if into_plane else inside_rows,
+                    vector_fold,
+                    False,
+                )
             if new_planes:
                 plane_state[0] = key
                 if prefetching:  # the planes the next output plane steps over
-                    prefetch_range(source,
-                                   np.uint64(plane_starts[new_planes - 1] + plane.size),
-                                   np.uint64(plane.size * axes[AXIS_STRIDE, height - 1]))
+                    prefetch_range(
+                        source,
+                        np.uint64(plane_starts[new_planes - 1] + plane.size),
+                        np.uint64(plane.size * axes[AXIS_STRIDE, height - 1]),
+                    )
         else:
-            _fold_column_rows(columns, lo, hi, source, row_starts, inside_rows, vector_fold,
-                              True)
+            _fold_column_rows(columns, lo, hi, source, row_starts, inside_rows, vector_fold, True)
             if prefetching:
                 # the rows the next units read: as many as an output row steps over
-                prefetch_ahead(source, np.uint64(row_starts[inside_rows - 1]),
-                               np.uint64((hi - lo) * axes[AXIS_STRIDE, last - 1]))
+                prefetch_ahead(
+                    source,
+                    np.uint64(row_starts[inside_rows - 1]),
+                    np.uint64((hi - lo) * axes[AXIS_STRIDE, last - 1]),
+                )
         for i in range(lo):
             columns[np.uint64(i)] = lowest
         for i in range(hi, span):
@@ -319,17 +361,24 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
         # 1.1x faster in one loop body. Tested on the literals themselves, so that numba
         # drops the branch a kind does not take.
         if window_width == 3 and window_step == 2 and check_ties:
-            suspect = _three_wide_step_two_windows(columns, pairs, evens, out, out_begin,
-                                                   count)
+            suspect = _three_wide_step_two_windows(columns, pairs, evens, out, out_begin, count)
         else:
             if window_width == 3 and window_step == 2 and vector_fold:  # int8 and uint8
                 three_wide_step_two(columns, out, out_begin, np.uint64(count))
             elif window_width == 3 and window_step == 1 and dilation != 1:
-                _column_windows(columns, out, out_begin, count, 3, np.uint64(1),
-                                np.uint64(dilation))
+                _column_windows(
+                    columns, out, out_begin, count, 3, np.uint64(1), np.uint64(dilation)
+                )
             elif window_width:
-                _column_windows(columns, out, out_begin, count, window_width,
-                                np.uint64(window_step), np.uint64(1))
+                _column_windows(
+                    columns,
+                    out,
+                    out_begin,
+                    count,
+                    window_width,
+                    np.uint64(window_step),
+                    np.uint64(1),
+                )
             else:
                 start_maxima(out, None, out_begin, count, lowest)
                 for kw in range(k_last):
@@ -344,12 +393,20 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
         # took 3 times onnxruntime's time.
         if check_ties and suspect:
             if fold_planes:  # row_starts held the folded plane's rows, folded by nan_max
-                inside_rows = _input_row_starts(row_starts, row_offset, row_inside, starts,
-                                                axes, taps, tap_offsets, k_last,
-                                                span_start + lo)
-                held = rows_hold_negative_zero_or_nan(source, row_starts,
-                                                      np.uint64(inside_rows),
-                                                      np.uint64(hi - lo))
+                inside_rows = _input_row_starts(
+                    row_starts,
+                    row_offset,
+                    row_inside,
+                    starts,
+                    axes,
+                    taps,
+                    tap_offsets,
+                    k_last,
+                    span_start + lo,
+                )
+                held = rows_hold_negative_zero_or_nan(
+                    source, row_starts, np.uint64(inside_rows), np.uint64(hi - lo)
+                )
             else:
                 # The column maxima stand for the rows: the fold keeps each column's first
                 # maximum and first NaN (fold_max), and a window's row-major answer, when
@@ -358,14 +415,32 @@ def column_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, bl
                 # third of the elements at three rows (the resnet stem over a ReLU's
                 # outputs 0.88 to 0.91 of the time).
                 column_start[0] = lo
-                held = rows_hold_negative_zero_or_nan(columns, column_start,
-                                                      np.uint64(min(inside_rows, 1)),
-                                                      np.uint64(hi - lo))
+                held = rows_hold_negative_zero_or_nan(
+                    columns, column_start, np.uint64(min(inside_rows, 1)), np.uint64(hi - lo)
+                )
             if held:
                 for j in range(count):
                     if is_tie(decode(out[out_begin + np.uint64(j)])):
                         out[out_begin + np.uint64(j)] = border_max(
-                            first + j, row_offset, row_inside, starts, lowest, source, axes,
-                            taps, tap_offsets)
-    release(columns, row_starts, column_start, pairs, evens, starts, positions, plane,
-            plane_state, plane_starts)
+                            first + j,
+                            row_offset,
+                            row_inside,
+                            starts,
+                            lowest,
+                            source,
+                            axes,
+                            taps,
+                            tap_offsets,
+                        )
+    release(
+        columns,
+        row_starts,
+        column_start,
+        pairs,
+        evens,
+        starts,
+        positions,
+        plane,
+        plane_state,
+        plane_starts,
+    )

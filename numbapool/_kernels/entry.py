@@ -44,11 +44,16 @@ class EntryPoint(NamedTuple):
         an array's numba type, not of its layout), so that one compilation serves writable
         and read-only inputs."""
         _numba.check_runtime()
-        given = [_numba.argument_type(self.kernel, a)
-                 for a in arguments[:len(arguments) - len(self.kinds)]]
-        given[:self.inputs] = [array.copy(readonly=True) for array in given[:self.inputs]]
-        signature = ((types.int64, types.int64) + tuple(given)
-                     + tuple(types.literal(kind) for kind in self.kinds))
+        given = [
+            _numba.argument_type(self.kernel, a)
+            for a in arguments[: len(arguments) - len(self.kinds)]
+        ]
+        given[: self.inputs] = [array.copy(readonly=True) for array in given[: self.inputs]]
+        signature = (
+            (types.int64, types.int64)
+            + tuple(given)
+            + tuple(types.literal(kind) for kind in self.kinds)
+        )
         with collector_paused():
             self.kernel.compile(signature)
         function, address, context = _numba.compiled_overload(self.kernel, signature)

@@ -41,16 +41,19 @@ def prefetch_window_rows(source, row_offset, row_length, plane, depth, height, r
     size: with the count 0 for inputs under PREFETCH_INPUT_BYTES, as the columns kernel
     does, vgg ran 1.2-1.4x slower (the same count for it: the compiled loops differ), where
     inputs in the caches lose 1-4% to it."""
-    prefetch_ahead(source, np.uint64(row_offset + (depth - 1) * plane
-                                     + (height - 1) * row_length),
-                   np.uint64(rows * row_length))
+    prefetch_ahead(
+        source,
+        np.uint64(row_offset + (depth - 1) * plane + (height - 1) * row_length),
+        np.uint64(rows * row_length),
+    )
 
 
 # The window's size and step (and the sums' kind of p) arrive as literal arguments
 # (entry.py), so that each window compiles loops of its own with them constant.
 @kernel()
-def fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block, depth,
-                    height, width, step):
+def fixed_max_units(
+    unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets, block, depth, height, width, step
+):
     """MaxPool over units [unit_begin, unit_end) for a depth x height x width window (depth 1:
     a 2-D window) with no dilation, at this last-axis step."""
     last, row_length, plane, pad = _fixed_layout(axes)
@@ -58,7 +61,8 @@ def fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets,
     starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = unit_row(
-            unit, unit_begin, nc, positions, starts, axes, block, x, y)
+            unit, unit_begin, nc, positions, starts, axes, block, x, y
+        )
         lo = hi = end
         if row_inside:
             lo, hi = interior_span(first, end, interior)
@@ -71,23 +75,48 @@ def fixed_max_units(unit_begin, unit_end, x, y, lowest, axes, taps, tap_offsets,
                     for r in range(height):
                         for w in range(width):
                             if d + r + w > 0:
-                                best = fold_max(best, source[
-                                    at + np.uint64(d * plane + r * row_length + w)])
+                                best = fold_max(
+                                    best, source[at + np.uint64(d * plane + r * row_length + w)]
+                                )
                 out[np.uint64(out_first + o)] = best
-            prefetch_window_rows(source, row_offset, row_length, plane, depth, height,
-                                 axes[AXIS_STRIDE, last - 1])
+            prefetch_window_rows(
+                source, row_offset, row_length, plane, depth, height, axes[AXIS_STRIDE, last - 1]
+            )
         for o in range(first, lo):
             out[np.uint64(out_first + o)] = border_max(
-                o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets)
+                o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets
+            )
         for o in range(hi, end):
             out[np.uint64(out_first + o)] = border_max(
-                o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets)
+                o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets
+            )
     release(starts, positions)
 
 
 @njit(inline="always")
-def _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_length, plane,
-                   depth, height, width, zero, p, p_kind, leading, x, y, queue, queue_base):
+def _interior_sums(
+    source,
+    out,
+    out_first,
+    lo,
+    hi,
+    row_offset,
+    step,
+    pad,
+    row_length,
+    plane,
+    depth,
+    height,
+    width,
+    zero,
+    p,
+    p_kind,
+    leading,
+    x,
+    y,
+    queue,
+    queue_base,
+):
     """Outputs [lo, hi) of a row whose windows lie inside the input: each window's input
     rows summed along the last axis, then the rows in order, as the generic kernel adds
     them; the mean (p_kind 0) or the root, rounded once. Cube roots (p_kind 3) wait in the
@@ -108,8 +137,9 @@ def _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_le
             for r in range(height):
                 row_sum = zero
                 for w in range(width):
-                    term = term_at(source, at + np.uint64(d * plane + r * row_length + w), p,
-                                   p_kind)
+                    term = term_at(
+                        source, at + np.uint64(d * plane + r * row_length + w), p, p_kind
+                    )
                     row_sum = term if p_kind >= 2 and w == 0 else row_sum + term
                 total = row_sum if p_kind >= 2 and d + r == 0 else total + row_sum
         if p_kind == 0:
@@ -121,8 +151,24 @@ def _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_le
 
 
 @kernel()
-def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
-                    divisor_counts, block, depth, height, width, step, p_kind):
+def fixed_sum_units(
+    unit_begin,
+    unit_end,
+    x,
+    y,
+    p,
+    zero,
+    axes,
+    taps,
+    tap_offsets,
+    divisor_counts,
+    block,
+    depth,
+    height,
+    width,
+    step,
+    p_kind,
+):
     """AveragePool (p_kind 0) or LpPool (p_kind 1 to 4, as sums.lp_term) over units
     [unit_begin, unit_end), accumulated in the type of ``zero``, as fixed_max_units."""
     last, row_length, plane, pad = _fixed_layout(axes)
@@ -134,25 +180,65 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets
     starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = unit_row(
-            unit, unit_begin, nc, positions, starts, axes, block, x, y)
+            unit, unit_begin, nc, positions, starts, axes, block, x, y
+        )
         leading = leading_divisor(divisor_counts, positions, last) if p_kind == 0 else 1
         queue_base = queued - first
         lo = hi = end
         if row_inside:
             lo, hi = interior_span(first, end, interior)
-            _interior_sums(source, out, out_first, lo, hi, row_offset, step, pad, row_length,
-                           plane, depth, height, width, zero, p, p_kind, leading, x, y,
-                           queue, queue_base)
+            _interior_sums(
+                source,
+                out,
+                out_first,
+                lo,
+                hi,
+                row_offset,
+                step,
+                pad,
+                row_length,
+                plane,
+                depth,
+                height,
+                width,
+                zero,
+                p,
+                p_kind,
+                leading,
+                x,
+                y,
+                queue,
+                queue_base,
+            )
             if prefetching:
-                prefetch_window_rows(source, row_offset, row_length, plane, depth, height,
-                                     axes[AXIS_STRIDE, last - 1])
+                prefetch_window_rows(
+                    source,
+                    row_offset,
+                    row_length,
+                    plane,
+                    depth,
+                    height,
+                    axes[AXIS_STRIDE, last - 1],
+                )
         # the outputs before lo and from hi on, in one loop: one copy of its body, and no
         # pass over the interior's outputs to skip them
         before = lo - first
         for k in range(before + end - hi):
             o = first + k if k < before else hi + k - before
-            total = border_sum(o, row_offset, row_inside, starts, zero, p, p_kind, source,
-                               axes, taps, tap_offsets, width)
+            total = border_sum(
+                o,
+                row_offset,
+                row_inside,
+                starts,
+                zero,
+                p,
+                p_kind,
+                source,
+                axes,
+                taps,
+                tap_offsets,
+                width,
+            )
             if p_kind == 0:
                 out[np.uint64(out_first + o)] = mean_at(total, leading, divisor_counts, o, zero, y)
             elif p_kind == 3:
@@ -160,8 +246,9 @@ def fixed_sum_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets
             else:
                 out[np.uint64(out_first + o)] = encode(lp_root(total, p, p_kind), y)
         if p_kind == 3:
-            queued = queue_roots(queue, queued + end - first, out,
-                                 np.uint64(out_first + end), unit == unit_end - 1)
+            queued = queue_roots(
+                queue, queued + end - first, out, np.uint64(out_first + end), unit == unit_end - 1
+            )
     release(queue, starts, positions)
 
 
@@ -170,8 +257,10 @@ def fixed_window_kernels(depth, height, width, step):
     LpPool's at 1 to 4) for a depth x height x width window (depth 1: a 2-D window) with no
     dilation, and this last-axis step, each compiled for its own kinds (entry.py)."""
     window = (depth, height, width, step)
-    return (EntryPoint(fixed_max_units, window),
-            tuple(EntryPoint(fixed_sum_units, window + (p_kind,)) for p_kind in range(5)))
+    return (
+        EntryPoint(fixed_max_units, window),
+        tuple(EntryPoint(fixed_sum_units, window + (p_kind,)) for p_kind in range(5)),
+    )
 
 
 # (depth, height, width, last-axis step) -> kernels; compiled on first use, like the rest.

@@ -58,8 +58,9 @@ def order_key(bits, magnitude_mask, sign_shift):
     return np.bitwise_xor(bits, np.bitwise_and(np.right_shift(bits, sign_shift), magnitude_mask))
 
 
-def store_first_max(flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask, inf_bits,
-                    sign_shift):
+def store_first_max(
+    flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask, inf_bits, sign_shift
+):
     """Store channel nc's first largest element in y[nc] (its bits in y_bits[nc]) and
     return True, unless the channel holds a NaN or its largest is a zero (+0 and -0 tie),
     which the caller takes again in order. Equal floats other than zeros and NaNs have
@@ -69,26 +70,32 @@ def store_first_max(flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask, 
 
 
 @overload(store_first_max, inline="always")
-def _store_first_max_overload(flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask,
-                              inf_bits, sign_shift):
+def _store_first_max_overload(
+    flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask, inf_bits, sign_shift
+):
     if flat.dtype in (types.float32, types.float64):
-        def floats(flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask, inf_bits,
-                   sign_shift):
+
+        def floats(
+            flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask, inf_bits, sign_shift
+        ):
             largest, any_nan = vector_float_max(flat, base, size)
             if any_nan or largest == 0:
                 return False
             y[nc] = largest
             return True
+
         return floats
 
     def keys(flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask, inf_bits, sign_shift):
-        best_key, largest_magnitude = vector_key_max(flat_bits, base, size, magnitude_mask,
-                                                     sign_shift)
+        best_key, largest_magnitude = vector_key_max(
+            flat_bits, base, size, magnitude_mask, sign_shift
+        )
         best = order_key(best_key, magnitude_mask, sign_shift)  # the key's own inverse
         if largest_magnitude > inf_bits or best & magnitude_mask == 0:
             return False
         y_bits[nc] = best
         return True
+
     return keys
 
 
@@ -111,8 +118,9 @@ def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, s
         base = np.uint64(nc) * size
         if ahead:
             prefetch_ahead(flat_bits, base, size)
-        if not store_first_max(flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask,
-                               inf_bits, sign_shift):
+        if not store_first_max(
+            flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask, inf_bits, sign_shift
+        ):
             y[nc] = channel_max(flat, base, size)
 
 
@@ -124,16 +132,18 @@ def global_sum_entry(p_kind, narrow):
     roots'; else global_sum_units (float64 results would need the exact sum, no gain;
     p_kind 3's root is not monotonic). Chosen here, not by a branch in the kernel, which
     compiled the other kernel's loops too."""
-    return EntryPoint(reordered_units if narrow and 1 <= p_kind <= 2 else global_sum_units,
-                      (p_kind,))
+    return EntryPoint(
+        reordered_units if narrow and 1 <= p_kind <= 2 else global_sum_units, (p_kind,)
+    )
 
 
 @njit(inline="always")
 def _group_sums(flat, base, size, totals, p, p_kind):
     for i in range(size):
         for c in range(GROUP):
-            totals[c] += lp_term(np.float64(decode(flat[base + np.uint64(c) * size + np.uint64(i)])),
-                                 p, p_kind)
+            totals[c] += lp_term(
+                np.float64(decode(flat[base + np.uint64(c) * size + np.uint64(i)])), p, p_kind
+            )
 
 
 @njit(inline="always")

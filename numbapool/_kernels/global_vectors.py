@@ -43,14 +43,21 @@ def _float32_vector(builder, loaded, storage):
 
 
 # numba's element type -> (the LLVM vector of WIDTH elements, its intrinsics' suffix)
-_STORED = {types.float32: (_V32, f"v{WIDTH}f32"),
-           types.uint16: (ir.VectorType(ir.IntType(16), WIDTH), f"v{WIDTH}i16"),
-           types.int16: (ir.VectorType(ir.IntType(16), WIDTH), f"v{WIDTH}i16")}
+_STORED = {
+    types.float32: (_V32, f"v{WIDTH}f32"),
+    types.uint16: (ir.VectorType(ir.IntType(16), WIDTH), f"v{WIDTH}i16"),
+    types.int16: (ir.VectorType(ir.IntType(16), WIDTH), f"v{WIDTH}i16"),
+}
 
 
 def _scratch(array_type, element):
-    return (isinstance(array_type, types.Array) and array_type.dtype == element
-            and array_type.mutable and array_type.ndim == 1 and array_type.layout == "C")
+    return (
+        isinstance(array_type, types.Array)
+        and array_type.dtype == element
+        and array_type.mutable
+        and array_type.ndim == 1
+        and array_type.layout == "C"
+    )
 
 
 def _vector_pointer(context, builder, array_type, array, at, vector):
@@ -75,9 +82,17 @@ def _add_to_lanes(builder, data, start, count, end, storage, lanes):
     vector_at = vectors_at(builder, data, start, stored)
 
     def add_vectors(i, values):
-        return [builder.fadd(value, _float32_vector(builder, builder.load(
-            vector_at(builder.add(i, ir.Constant(I64, k * WIDTH))), align=2), storage))
-            for k, value in enumerate(values)]
+        return [
+            builder.fadd(
+                value,
+                _float32_vector(
+                    builder,
+                    builder.load(vector_at(builder.add(i, ir.Constant(I64, k * WIDTH))), align=2),
+                    storage,
+                ),
+            )
+            for k, value in enumerate(values)
+        ]
 
     values, whole = vector_loop(builder, count, LANES, lanes, add_vectors)
     masked_load, _ = masked_memory(builder, stored, suffix)
@@ -92,9 +107,15 @@ def _add_to_lanes(builder, data, start, count, end, storage, lanes):
             lane_numbers = ir.Constant(_VI32, list(range(k * WIDTH, (k + 1) * WIDTH)))
             inside = builder.icmp_unsigned("<", lane_numbers, below_left)
             offset = builder.add(whole, ir.Constant(I64, k * WIDTH))
-            loaded = load_within(builder, vector_at(offset), inside, ir.Constant(stored, None),
-                                 fits_before(builder, start, offset, WIDTH, end), masked_load,
-                                 2)
+            loaded = load_within(
+                builder,
+                vector_at(offset),
+                inside,
+                ir.Constant(stored, None),
+                fits_before(builder, start, offset, WIDTH, end),
+                masked_load,
+                2,
+            )
             added = builder.fadd(value, _float32_vector(builder, loaded, storage))
             tail = builder.block
         phi = builder.phi(_V32)
@@ -119,8 +140,12 @@ def _lane_tree(builder, vectors):
 
 
 def _block_arguments(flat, start, count):
-    return (isinstance(flat, types.Array) and flat.dtype in _STORED
-            and isinstance(start, types.Integer) and isinstance(count, types.Integer))
+    return (
+        isinstance(flat, types.Array)
+        and flat.dtype in _STORED
+        and isinstance(start, types.Integer)
+        and isinstance(count, types.Integer)
+    )
 
 
 @intrinsic
@@ -134,8 +159,12 @@ def block_sum(typingctx, flat, start, count):
     def codegen(context, builder, signature, args):
         flat = context.make_array(signature.args[0])(context, builder, args[0])
         zeros = [ir.Constant(_V32, [0.0] * WIDTH)] * (LANES // WIDTH)
-        return _lane_tree(builder, _add_to_lanes(builder, flat.data, args[1], args[2],
-                                                 flat.nitems, signature.args[0].dtype, zeros))
+        return _lane_tree(
+            builder,
+            _add_to_lanes(
+                builder, flat.data, args[1], args[2], flat.nitems, signature.args[0].dtype, zeros
+            ),
+        )
 
     return signature, codegen
 
@@ -151,12 +180,21 @@ def add_to_lanes(typingctx, flat, start, count, lanes):
 
     def codegen(context, builder, signature, args):
         flat = context.make_array(signature.args[0])(context, builder, args[0])
-        pointers = [_vector_pointer(context, builder, signature.args[3], args[3],
-                                    ir.Constant(I64, k * WIDTH), _V32)
-                    for k in range(LANES // WIDTH)]
-        added = _add_to_lanes(builder, flat.data, args[1], args[2], flat.nitems,
-                              signature.args[0].dtype,
-                              [builder.load(pointer, align=4) for pointer in pointers])
+        pointers = [
+            _vector_pointer(
+                context, builder, signature.args[3], args[3], ir.Constant(I64, k * WIDTH), _V32
+            )
+            for k in range(LANES // WIDTH)
+        ]
+        added = _add_to_lanes(
+            builder,
+            flat.data,
+            args[1],
+            args[2],
+            flat.nitems,
+            signature.args[0].dtype,
+            [builder.load(pointer, align=4) for pointer in pointers],
+        )
         for value, pointer in zip(added, pointers):
             builder.store(value, pointer, align=4)
         return context.get_dummy_value()
@@ -172,8 +210,12 @@ def vector_key_max(typingctx, bits, start, count, magnitude_mask, sign_shift):
     ^ ((bits >> sign_shift) & magnitude_mask)) and of their magnitudes (bits &
     magnitude_mask), each a 512-bit vector at a time, the last elements in one load
     (vectors.load_within) whose lanes past the end take no part."""
-    if not (isinstance(bits, types.Array) and isinstance(bits.dtype, types.Integer)
-            and bits.dtype.signed and bits.dtype.bitwidth in (16, 32, 64)):
+    if not (
+        isinstance(bits, types.Array)
+        and isinstance(bits.dtype, types.Integer)
+        and bits.dtype.signed
+        and bits.dtype.bitwidth in (16, 32, 64)
+    ):
         return None
     element = bits.dtype
     signature = types.UniTuple(element, 2)(bits, types.uint64, types.uint64, element, element)
@@ -195,23 +237,36 @@ def vector_key_max(typingctx, bits, start, count, magnitude_mask, sign_shift):
             return key, builder.and_(loaded, mask)
 
         def fold(best, new):
-            return [builder.select(builder.icmp_signed(">", a, b), a, b)
-                    for a, b in zip(best, new)]
+            return [builder.select(builder.icmp_signed(">", a, b), a, b) for a, b in zip(best, new)]
 
         best, whole = vector_loop(
-            builder, count, lanes, [smallest, ir.Constant(vector, [0] * lanes)],
-            lambda i, best: fold(best, keys_and_magnitudes(builder.load(vector_at(i),
-                                                                        align=2))))
+            builder,
+            count,
+            lanes,
+            [smallest, ir.Constant(vector, [0] * lanes)],
+            lambda i, best: fold(best, keys_and_magnitudes(builder.load(vector_at(i), align=2))),
+        )
         inside = left_lanes(builder, count, whole, 0, lanes)
         masked_load, _ = masked_memory(builder, vector, suffix)
-        loaded = load_within(builder, vector_at(whole), inside, ir.Constant(vector, None),
-                             fits_before(builder, start, whole, lanes, nitems), masked_load, 2)
+        loaded = load_within(
+            builder,
+            vector_at(whole),
+            inside,
+            ir.Constant(vector, None),
+            fits_before(builder, start, whole, lanes, nitems),
+            masked_load,
+            2,
+        )
         key, magnitude = keys_and_magnitudes(loaded)
         key = builder.select(inside, key, smallest)  # lanes past the end: no part
         magnitude = builder.select(inside, magnitude, ir.Constant(vector, [0] * lanes))
         best = fold(best, (key, magnitude))
-        results = [builder.call(declare(builder, f"llvm.vector.reduce.smax.{suffix}", scalar,
-                                         [vector]), [value]) for value in best]
+        results = [
+            builder.call(
+                declare(builder, f"llvm.vector.reduce.smax.{suffix}", scalar, [vector]), [value]
+            )
+            for value in best
+        ]
         return context.make_tuple(builder, signature.return_type, results)
 
     return signature, codegen
@@ -225,8 +280,12 @@ def vector_float_max(typingctx, flat, start, count):
     compare equal), and whether any is NaN: a compare and a maximum a 512-bit vector at a
     time, where order keys (vector_key_max) take five integer operations; the last
     elements in one load (vectors.load_within) whose lanes past the end hold -inf."""
-    if not (isinstance(flat, types.Array) and flat.dtype in (types.float32, types.float64)
-            and isinstance(start, types.Integer) and isinstance(count, types.Integer)):
+    if not (
+        isinstance(flat, types.Array)
+        and flat.dtype in (types.float32, types.float64)
+        and isinstance(start, types.Integer)
+        and isinstance(count, types.Integer)
+    ):
         return None
     element = flat.dtype
     signature = types.Tuple((element, types.boolean))(flat, types.uint64, types.uint64)
@@ -250,25 +309,45 @@ def vector_float_max(typingctx, flat, start, count):
             best, nan = values
             # a NaN compares false: the kept value stays
             best = builder.select(builder.fcmp_ordered(">", loaded, best), loaded, best)
-            return best, builder.or_(nan, builder.sext(
-                builder.fcmp_unordered("uno", loaded, loaded), flags))
+            return best, builder.or_(
+                nan, builder.sext(builder.fcmp_unordered("uno", loaded, loaded), flags)
+            )
 
         values, whole = vector_loop(
-            builder, count, lanes, [lowest, ir.Constant(flags, [0] * lanes)],
-            lambda i, values: fold(values, builder.load(vector_at(i), align=4)))
+            builder,
+            count,
+            lanes,
+            [lowest, ir.Constant(flags, [0] * lanes)],
+            lambda i, values: fold(values, builder.load(vector_at(i), align=4)),
+        )
         masked_load, _ = masked_memory(builder, vector, suffix)
-        loaded = load_within(builder, vector_at(whole), left_lanes(builder, count, whole, 0,
-                                                                   lanes),
-                             lowest, fits_before(builder, start, whole, lanes, nitems),
-                             masked_load, 4)
+        loaded = load_within(
+            builder,
+            vector_at(whole),
+            left_lanes(builder, count, whole, 0, lanes),
+            lowest,
+            fits_before(builder, start, whole, lanes, nitems),
+            masked_load,
+            4,
+        )
         best, nan = fold(values, loaded)
         # no NaN among the lanes kept, and a NaN anywhere rescans: maxnum's reduction
-        largest = builder.call(declare(builder, f"llvm.vector.reduce.fmax.{suffix}", scalar,
-                                        [vector]), [best], fastmath=("nnan",))
+        largest = builder.call(
+            declare(builder, f"llvm.vector.reduce.fmax.{suffix}", scalar, [vector]),
+            [best],
+            fastmath=("nnan",),
+        )
         width = ir.IntType(element.bitwidth)
-        any_nan = builder.icmp_unsigned("!=", builder.call(declare(
-            builder, f"llvm.vector.reduce.or.v{lanes}i{element.bitwidth}", width, [flags]),
-            [nan]), ir.Constant(width, 0))
+        any_nan = builder.icmp_unsigned(
+            "!=",
+            builder.call(
+                declare(
+                    builder, f"llvm.vector.reduce.or.v{lanes}i{element.bitwidth}", width, [flags]
+                ),
+                [nan],
+            ),
+            ir.Constant(width, 0),
+        )
         return context.make_tuple(builder, signature.return_type, [largest, any_nan])
 
     return signature, codegen

@@ -83,14 +83,16 @@ def _fold_tap(split, start, maxima, columns, at, count, column, step, first):
         maxima[at + j] = value if take else kept
         # in 32 bits for 4- and 8-byte values (with indices 0.95 to 0.97 of the time, 2x2
         # s2 0.90 to 0.94); 8- and 16-bit values keep numba's int64 (uint8 1.04-1.09x slower)
-        at_column = (_column_at(column, j, step) if split.itemsize >= 4
-                     else column + np.int32(j) * step)
+        at_column = (
+            _column_at(column, j, step) if split.itemsize >= 4 else column + np.int32(j) * step
+        )
         columns[at + j] = at_column if take else columns[at + j]
 
 
 @kernel()
-def indexed_max_units(unit_begin, unit_end, x, y, indices, lowest, axes, tap_outputs, block,
-                      column_step):
+def indexed_max_units(
+    unit_begin, unit_end, x, y, indices, lowest, axes, tap_outputs, block, column_step
+):
     """MaxPool with Indices over output rows [unit_begin, unit_end) (units: whole output
     rows, of ``block`` outputs) of the windows this module serves: ``y`` the winning
     element bit for bit, or ``lowest`` where no tap is inside; ``indices`` the winner's
@@ -113,13 +115,13 @@ def indexed_max_units(unit_begin, unit_end, x, y, indices, lowest, axes, tap_out
     out_indices = flat_view(indices)
     # rows longer than the distance ahead are long streams, which the hardware prefetchers
     # follow (MaxPool 1-D k3 s2 over rows of 16000 float32 ran 1.02-1.03x slower with it)
-    prefetching = (x.size * x.itemsize >= PREFETCH_INPUT_BYTES
-                   and width * x.itemsize < AHEAD_BYTES)
+    prefetching = x.size * x.itemsize >= PREFETCH_INPUT_BYTES and width * x.itemsize < AHEAD_BYTES
     plane = -1
     next_row = 0  # the plane's next input row without its maxima in the ring
     for unit in range(unit_begin, unit_end):
         plane, _, inside_top, inside_end, next_row = window_rows(
-            unit, plane, next_row, out_height, row_step, top, window_height, height)
+            unit, plane, next_row, out_height, row_step, top, window_height, height
+        )
         while next_row < inside_end:
             row_start = np.uint64((plane * height + next_row) * width)
             _split_row(source, row_start, split, width, column_step)
@@ -135,10 +137,17 @@ def indexed_max_units(unit_begin, unit_end, x, y, indices, lowest, axes, tap_out
             for tap in range(window_width):
                 first, end = tap_outputs[tap, 0], tap_outputs[tap, 1]
                 if first < end:
-                    _fold_tap(split, np.uint64(_split_at(tap - left, first, half, column_step)),
-                              maxima, columns, slot_at + np.uint64(first), end - first,
-                              np.int32(tap - left + first * column_step), np.int32(column_step),
-                              tap == 0)
+                    _fold_tap(
+                        split,
+                        np.uint64(_split_at(tap - left, first, half, column_step)),
+                        maxima,
+                        columns,
+                        slot_at + np.uint64(first),
+                        end - first,
+                        np.int32(tap - left + first * column_step),
+                        np.int32(column_step),
+                        tap == 0,
+                    )
             next_row += 1
         out_at = np.uint64(unit * out_width)
         plane_index = plane * height * width
@@ -155,17 +164,23 @@ def indexed_max_units(unit_begin, unit_end, x, y, indices, lowest, axes, tap_out
                 kept = first_pass_or(first, lowest, best[o])
                 kept_column = first_pass_or(first, np.int32(-1), best_columns[o])
                 kept_row = best_rows[o]
-                take = inside & (column >= 0) & ((kept_column < 0)
-                                                 | (not keeps(decode(kept), decode(value))))
+                take = (
+                    inside
+                    & (column >= 0)
+                    & ((kept_column < 0) | (not keeps(decode(kept), decode(value))))
+                )
                 kept = value if take else kept
                 kept_column = column if take else kept_column
                 kept_row = np.int32(input_row) if take else kept_row
                 if last:
                     out[out_at + o] = kept
                     out_indices[out_at + o] = (
-                        -1 if kept_column < 0 else
-                        plane_index + np.int64(kept_row) * row_index_stride
-                        + np.int64(kept_column) * column_index_stride)
+                        -1
+                        if kept_column < 0
+                        else plane_index
+                        + np.int64(kept_row) * row_index_stride
+                        + np.int64(kept_column) * column_index_stride
+                    )
                 else:
                     best[o] = kept
                     best_columns[o] = kept_column

@@ -46,8 +46,9 @@ def plane_limit(kernel_shape, dilations):
 
 
 @njit(inline="always")
-def _copy_region(source, plane_start, region, region_top, rows, padded_width, height, width,
-                 top, left, lowest):
+def _copy_region(
+    source, plane_start, region, region_top, rows, padded_width, height, width, top, left, lowest
+):
     """region = ``rows`` rows of the padded plane from padded row ``region_top``, each
     ``padded_width`` wide: the input's elements where they lie, ``lowest`` elsewhere."""
     # the region's columns inside the input: [first, end)
@@ -81,20 +82,38 @@ def _fold_taps(target, source, base, count, taps, spacing):
     third = np.uint64(base + (take - 1) * spacing)
     first = np.uint64(base)
     for i in range(np.uint64(count)):
-        target[i] = fold_max_function(fold_max_function(source[first + i], source[second + i]),
-                                      source[third + i])
+        target[i] = fold_max_function(
+            fold_max_function(source[first + i], source[second + i]), source[third + i]
+        )
     for tap in range(take, taps, 3):
         first = np.uint64(base + tap * spacing)
         second = first + np.uint64(spacing)
         third = second + np.uint64(spacing)
         for i in range(np.uint64(count)):
-            target[i] = fold_max_function(fold_max_function(fold_max_function(
-                target[i], source[first + i]), source[second + i]), source[third + i])
+            target[i] = fold_max_function(
+                fold_max_function(
+                    fold_max_function(target[i], source[first + i]), source[second + i]
+                ),
+                source[third + i],
+            )
 
 
 @njit(inline="always")
-def _row_major_max(source, plane_start, row, column, height, width, top, left, window_rows,
-                   window_columns, row_dilation, column_dilation, lowest):
+def _row_major_max(
+    source,
+    plane_start,
+    row,
+    column,
+    height,
+    width,
+    top,
+    left,
+    window_rows,
+    window_columns,
+    row_dilation,
+    column_dilation,
+    lowest,
+):
     """The output at (row, column) with its taps taken in row-major order, those in the
     pads skipped (from ``lowest``)."""
     best = lowest
@@ -105,8 +124,9 @@ def _row_major_max(source, plane_start, row, column, height, width, top, left, w
         for j in range(window_columns):
             input_column = column - left + j * column_dilation
             if 0 <= input_column < width:
-                best = fold_max(best, source[np.uint64(plane_start + input_row * width
-                                                       + input_column)])
+                best = fold_max(
+                    best, source[np.uint64(plane_start + input_row * width + input_column)]
+                )
     return best
 
 
@@ -144,14 +164,32 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
         count = rows * padded_width
         region_rows = rows + axes[AXIS_EXTENT, 0] - 1  # the padded rows the run reads
         if padded_width == width and first >= top and first + region_rows <= top + height:
-            _fold_taps(row_maxima, source, plane_start + (first - top) * width, count,
-                       window_rows, row_dilation * padded_width)
+            _fold_taps(
+                row_maxima,
+                source,
+                plane_start + (first - top) * width,
+                count,
+                window_rows,
+                row_dilation * padded_width,
+            )
         else:
-            _copy_region(source, plane_start, region, first, region_rows, padded_width,
-                         height, width, top, left, lowest)
+            _copy_region(
+                source,
+                plane_start,
+                region,
+                first,
+                region_rows,
+                padded_width,
+                height,
+                width,
+                top,
+                left,
+                lowest,
+            )
             _fold_taps(row_maxima, region, 0, count, window_rows, row_dilation * padded_width)
-        _fold_taps(maxima, row_maxima, 0, count - axes[AXIS_EXTENT, 1] + 1, window_columns,
-                   column_dilation)
+        _fold_taps(
+            maxima, row_maxima, 0, count - axes[AXIS_EXTENT, 1] + 1, window_columns, column_dilation
+        )
         for row in range(rows):
             out_at = np.uint64((plane * out_height + first + row) * out_width)
             at = np.uint64(row * padded_width)
@@ -167,11 +205,24 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
                     plane_state[0] = plane
                     plane_starts[0] = plane_start
                     plane_state[1] = rows_hold_negative_zero_or_nan(
-                        source, plane_starts, np.uint64(1), np.uint64(height * width))
+                        source, plane_starts, np.uint64(1), np.uint64(height * width)
+                    )
                 for o in range(out_width if plane_state[1] else 0):
                     if is_tie(decode(out[out_at + np.uint64(o)])):
                         out[out_at + np.uint64(o)] = _row_major_max(
-                            source, plane_start, first + row, o, height, width, top, left,
-                            window_rows, window_columns, row_dilation, column_dilation, lowest)
+                            source,
+                            plane_start,
+                            first + row,
+                            o,
+                            height,
+                            width,
+                            top,
+                            left,
+                            window_rows,
+                            window_columns,
+                            row_dilation,
+                            column_dilation,
+                            lowest,
+                        )
         unit += rows
     release(region, row_maxima, maxima, plane_state, plane_starts)

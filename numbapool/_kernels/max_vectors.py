@@ -46,8 +46,12 @@ def _integer_compare(builder, compare, operator, a, b):
 
 # The bits of +inf per element type as the kernels store it (codec.py: uint16 holds
 # float16, int16 bfloat16); a magnitude's bits past them are a NaN's
-_INFINITY_BITS = {types.float32: 0x7F800000, types.float64: 0x7FF0000000000000,
-                  types.uint16: 0x7C00, types.int16: 0x7F80}
+_INFINITY_BITS = {
+    types.float32: 0x7F800000,
+    types.float64: 0x7FF0000000000000,
+    types.uint16: 0x7C00,
+    types.int16: 0x7F80,
+}
 
 
 @intrinsic
@@ -64,9 +68,15 @@ def rows_hold_negative_zero_or_nan(typingctx, flat, row_starts, rows, count):
     scalar leftovers. A call per row cost as much for 16 elements as for 112, and compare
     flags or-ed 512 bits at a time wait on each other: over a ReLU's outputs the resnet
     stem took 1.32x as long with a call per row, 1.21x with the flags (1 thread)."""
-    if not (isinstance(flat, types.Array) and flat.ndim == 1 and flat.layout == "C"
-            and flat.dtype in _INFINITY_BITS and isinstance(row_starts, types.Array)
-            and row_starts.ndim == 1 and row_starts.dtype == types.int64):
+    if not (
+        isinstance(flat, types.Array)
+        and flat.ndim == 1
+        and flat.layout == "C"
+        and flat.dtype in _INFINITY_BITS
+        and isinstance(row_starts, types.Array)
+        and row_starts.ndim == 1
+        and row_starts.dtype == types.int64
+    ):
         return None
     width = flat.dtype.bitwidth
     lanes = 512 // width
@@ -88,21 +98,29 @@ def rows_hold_negative_zero_or_nan(typingctx, flat, row_starts, rows, count):
             return builder.select(builder.icmp_unsigned(">", key, largest), key, largest)
 
         def row_largest(row, largest):
-            vector_at = vectors_at(builder, data, builder.load(builder.gep(starts, [row])),
-                                    vector)
+            vector_at = vectors_at(builder, data, builder.load(builder.gep(starts, [row])), vector)
             (largest,), whole = vector_loop(
-                builder, count, lanes, largest,
-                lambda i, largest: [largest_key(largest[0],
-                                                builder.load(vector_at(i), align=2))])
-            loaded = builder.call(masked_load, [vector_at(whole), ir.Constant(I32, 2),
-                                                left_lanes(builder, count, whole, 0, lanes),
-                                                ir.Constant(vector, [0] * lanes)])
+                builder,
+                count,
+                lanes,
+                largest,
+                lambda i, largest: [largest_key(largest[0], builder.load(vector_at(i), align=2))],
+            )
+            loaded = builder.call(
+                masked_load,
+                [
+                    vector_at(whole),
+                    ir.Constant(I32, 2),
+                    left_lanes(builder, count, whole, 0, lanes),
+                    ir.Constant(vector, [0] * lanes),
+                ],
+            )
             return [largest_key(largest, loaded)]
 
-        (largest,) = counted_loop(builder, rows, 1, [ir.Constant(vector, [0] * lanes)],
-                                   row_largest)
-        largest = builder.call(declare(builder, f"llvm.vector.reduce.umax.{suffix}", element,
-                                        [vector]), [largest])
+        (largest,) = counted_loop(builder, rows, 1, [ir.Constant(vector, [0] * lanes)], row_largest)
+        largest = builder.call(
+            declare(builder, f"llvm.vector.reduce.umax.{suffix}", element, [vector]), [largest]
+        )
         return builder.icmp_unsigned(">", largest, ir.Constant(element, 2 * infinity))
 
     return types.boolean(flat, row_starts, types.uint64, types.uint64), codegen
@@ -113,10 +131,12 @@ def rows_hold_negative_zero_or_nan(typingctx, flat, row_starts, rows, count):
 # intrinsics' suffix, how the fold compares them). 16-bit floats 16 to a vector, their
 # values one 512-bit vector of float32 (32 to a vector: MaxPool 3x3 s2 float16 1.1x slower)
 _I8, _I16 = ir.IntType(8), ir.IntType(16)
-_FOLDED = {types.uint16: (_I16, 16, "v16i16", "float16"),
-           types.int16: (_I16, 16, "v16i16", "bfloat16"),
-           types.int8: (_I8, 64, "v64i8", "signed"),
-           types.uint8: (_I8, 64, "v64i8", "unsigned")}
+_FOLDED = {
+    types.uint16: (_I16, 16, "v16i16", "float16"),
+    types.int16: (_I16, 16, "v16i16", "bfloat16"),
+    types.int8: (_I8, 64, "v64i8", "signed"),
+    types.uint8: (_I8, 64, "v64i8", "unsigned"),
+}
 
 
 def _row_fold(with_columns):
@@ -134,12 +154,17 @@ def _row_fold(with_columns):
 
     @intrinsic
     def row_fold(typingctx, columns, base, source, at0, at1, at2, count):
-        if not (isinstance(columns, types.Array) and isinstance(source, types.Array)
-                and columns.dtype == source.dtype and columns.dtype in _FOLDED
-                and all(isinstance(t, types.Integer) for t in (base, at0, at1, at2, count))):
+        if not (
+            isinstance(columns, types.Array)
+            and isinstance(source, types.Array)
+            and columns.dtype == source.dtype
+            and columns.dtype in _FOLDED
+            and all(isinstance(t, types.Integer) for t in (base, at0, at1, at2, count))
+        ):
             return None
-        signature = types.none(columns, types.uint64, source, types.uint64, types.uint64,
-                               types.uint64, types.uint64)
+        signature = types.none(
+            columns, types.uint64, source, types.uint64, types.uint64, types.uint64, types.uint64
+        )
         element, lanes, suffix, compare = _FOLDED[columns.dtype]
         vector = ir.VectorType(element, lanes)
         floats = ir.VectorType(F32, lanes)
@@ -155,12 +180,14 @@ def _row_fold(with_columns):
 
             def value(loaded):
                 if compare == "float16":
-                    return builder.fpext(builder.bitcast(loaded, ir.VectorType(ir.HalfType(),
-                                                                               lanes)), floats)
+                    return builder.fpext(
+                        builder.bitcast(loaded, ir.VectorType(ir.HalfType(), lanes)), floats
+                    )
                 if compare == "bfloat16":
                     wide = builder.zext(loaded, ir.VectorType(I32, lanes))
-                    return builder.bitcast(builder.shl(wide, ir.Constant(wide.type,
-                                                                         [16] * lanes)), floats)
+                    return builder.bitcast(
+                        builder.shl(wide, ir.Constant(wide.type, [16] * lanes)), floats
+                    )
                 return loaded
 
             def fold(kept, new):  # maxima.keeps: kept >= new, or kept a NaN
@@ -169,8 +196,9 @@ def _row_fold(with_columns):
                 if compare in ("signed", "unsigned"):
                     keep = _integer_compare(builder, compare, ">=", a, b)
                 else:
-                    keep = builder.or_(builder.fcmp_ordered(">=", a, b),
-                                       builder.fcmp_unordered("uno", a, a))
+                    keep = builder.or_(
+                        builder.fcmp_ordered(">=", a, b), builder.fcmp_unordered("uno", a, a)
+                    )
                 return builder.select(keep, kept_raw, new_raw), builder.select(keep, a, b)
 
             def folded(load, i):
@@ -191,23 +219,35 @@ def _row_fold(with_columns):
 
             # four vectors to a pass, then one, then the rest
             zero = ir.Constant(I64, 0)
-            _, fours = vector_loop(builder, count, 4 * lanes, [],
-                                    lambda i, values: vectors(i, zero, 4))
-            _, ones = vector_loop(builder, builder.sub(count, fours), lanes, [],
-                                   lambda i, values: vectors(i, fours, 1))
+            _, fours = vector_loop(
+                builder, count, 4 * lanes, [], lambda i, values: vectors(i, zero, 4)
+            )
+            _, ones = vector_loop(
+                builder,
+                builder.sub(count, fours),
+                lanes,
+                [],
+                lambda i, values: vectors(i, fours, 1),
+            )
             whole = builder.add(fours, ones)
 
             def masked():
                 masked_load, masked_store = masked_memory(builder, vector, suffix)
                 inside = left_lanes(builder, count, whole, 0, lanes)
                 alignment = ir.Constant(I32, 1)
-                result = folded(lambda p: builder.call(
-                    masked_load, [p, alignment, inside, ir.Constant(vector, None)]), whole)
-                builder.call(masked_store, [result, at(columns_data, base, whole), alignment,
-                                            inside])
+                result = folded(
+                    lambda p: builder.call(
+                        masked_load, [p, alignment, inside, ir.Constant(vector, None)]
+                    ),
+                    whole,
+                )
+                builder.call(
+                    masked_store, [result, at(columns_data, base, whole), alignment, inside]
+                )
 
-            _last_vector(builder, count, whole, lanes, lambda start: vectors(start, zero, 1),
-                         masked)
+            _last_vector(
+                builder, count, whole, lanes, lambda start: vectors(start, zero, 1), masked
+            )
             return context.get_dummy_value()
 
         return signature, codegen
@@ -231,10 +271,15 @@ def three_wide_step_two(typingctx, columns, target, base, count):
     twice), or, under one vector's length, in masked loads and a masked store. numba's
     loop took 16 outputs a pass and left the rest (7 of the 55 a row of 112 bytes makes)
     to scalar leftovers (MaxPool 3x3 s2 uint8 0.77 of the time, rows of 56 bytes 0.67)."""
-    if not (isinstance(columns, types.Array) and isinstance(target, types.Array)
-            and columns.dtype == target.dtype and columns.dtype in _FOLDED
-            and _FOLDED[columns.dtype][0] == _I8
-            and isinstance(base, types.Integer) and isinstance(count, types.Integer)):
+    if not (
+        isinstance(columns, types.Array)
+        and isinstance(target, types.Array)
+        and columns.dtype == target.dtype
+        and columns.dtype in _FOLDED
+        and _FOLDED[columns.dtype][0] == _I8
+        and isinstance(base, types.Integer)
+        and isinstance(count, types.Integer)
+    ):
         return None
     signature = types.none(columns, target, types.uint64, types.uint64)
     element, lanes, suffix, compare = _FOLDED[columns.dtype]
@@ -246,8 +291,9 @@ def three_wide_step_two(typingctx, columns, target, base, count):
         base, count = args[2], args[3]
 
         def at(data, start, width):
-            return builder.bitcast(builder.gep(data, [start]),
-                                   ir.VectorType(element, width).as_pointer())
+            return builder.bitcast(
+                builder.gep(data, [start]), ir.VectorType(element, width).as_pointer()
+            )
 
         def maximum(a, b):
             return builder.select(_integer_compare(builder, compare, ">", a, b), a, b)
@@ -258,17 +304,23 @@ def three_wide_step_two(typingctx, columns, target, base, count):
             start = builder.shl(j, ir.Constant(I64, 1))  # column of output j's first tap
             first, second = load(start, 0), load(start, width)
             shifted, shifted_second = load(start, 1), load(start, width + 1)
-            pair = maximum(builder.shuffle_vector(first, second, evens),
-                           builder.shuffle_vector(first, second, odds))
+            pair = maximum(
+                builder.shuffle_vector(first, second, evens),
+                builder.shuffle_vector(first, second, odds),
+            )
             return maximum(pair, builder.shuffle_vector(shifted, shifted_second, odds))
 
         def store(j, width=lanes):
             def whole_vector(start, offset):
-                return builder.load(at(columns_data, builder.add(
-                    start, ir.Constant(I64, offset)), width), align=1)
+                return builder.load(
+                    at(columns_data, builder.add(start, ir.Constant(I64, offset)), width), align=1
+                )
 
-            builder.store(windows(whole_vector, j, width),
-                          at(target_data, builder.add(base, j), width), align=1)
+            builder.store(
+                windows(whole_vector, j, width),
+                at(target_data, builder.add(base, j), width),
+                align=1,
+            )
             return []
 
         _, whole = vector_loop(builder, count, lanes, [], lambda j, values: store(j))
@@ -276,33 +328,48 @@ def three_wide_step_two(typingctx, columns, target, base, count):
         def masked():  # count < lanes: every column read lies below 2 * count + 1
             masked_load, masked_store = masked_memory(builder, vector, suffix)
             alignment = ir.Constant(I32, 1)
-            columns_count = builder.add(builder.shl(count, ir.Constant(I64, 1)),
-                                        ir.Constant(I64, 1))
+            columns_count = builder.add(
+                builder.shl(count, ir.Constant(I64, 1)), ir.Constant(I64, 1)
+            )
             zero = ir.Constant(I64, 0)
 
             def masked_vector(start, offset):
                 inside = left_lanes(builder, columns_count, zero, offset, lanes)
-                return builder.call(masked_load, [
-                    at(columns_data, builder.add(start, ir.Constant(I64, offset)), lanes),
-                    alignment, inside, ir.Constant(vector, None)])
+                return builder.call(
+                    masked_load,
+                    [
+                        at(columns_data, builder.add(start, ir.Constant(I64, offset)), lanes),
+                        alignment,
+                        inside,
+                        ir.Constant(vector, None),
+                    ],
+                )
 
-            builder.call(masked_store, [windows(masked_vector, zero, lanes),
-                                        at(target_data, base, lanes),
-                                        alignment, left_lanes(builder, count, zero, 0, lanes)])
+            builder.call(
+                masked_store,
+                [
+                    windows(masked_vector, zero, lanes),
+                    at(target_data, base, lanes),
+                    alignment,
+                    left_lanes(builder, count, zero, 0, lanes),
+                ],
+            )
 
         def short():
             """count < lanes: two overlapping vectors of the widest half width that count
             reaches, masked ones only under 16 outputs: a processor without AVX-512 takes
             masked byte loads and stores apart lane by lane (uint8 3x3 s2 over rows of 112
             bytes, 55 outputs, took 6 times as long)."""
-            with builder.if_else(builder.icmp_unsigned(">=", count, ir.Constant(
-                    I64, lanes // 2))) as (half, less):
+            with builder.if_else(
+                builder.icmp_unsigned(">=", count, ir.Constant(I64, lanes // 2))
+            ) as (half, less):
                 with half:
                     store(ir.Constant(I64, 0), lanes // 2)
                     store(builder.sub(count, ir.Constant(I64, lanes // 2)), lanes // 2)
                 with less:
-                    with builder.if_else(builder.icmp_unsigned(">=", count, ir.Constant(
-                            I64, lanes // 4))) as (quarter, fewest):
+                    with builder.if_else(
+                        builder.icmp_unsigned(">=", count, ir.Constant(I64, lanes // 4))
+                    ) as (quarter, fewest):
                         with quarter:
                             store(ir.Constant(I64, 0), lanes // 4)
                             store(builder.sub(count, ir.Constant(I64, lanes // 4)), lanes // 4)

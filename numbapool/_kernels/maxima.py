@@ -52,8 +52,10 @@ def keeps(typingctx, best, candidate):
     def codegen(context, builder, signature, args):
         best, candidate = args
         if isinstance(common, types.Float):
-            return builder.or_(builder.fcmp_ordered(">=", best, candidate),
-                               builder.fcmp_unordered("uno", best, best))
+            return builder.or_(
+                builder.fcmp_ordered(">=", best, candidate),
+                builder.fcmp_unordered("uno", best, best),
+            )
         if common.signed:
             return builder.icmp_signed(">=", best, candidate)
         return builder.icmp_unsigned(">=", best, candidate)
@@ -99,7 +101,8 @@ def _float32_maximum(typingctx, a, b):
     def codegen(context, builder, signature, args):
         element = context.get_value_type(types.float32)
         maximum = builder.module.declare_intrinsic(
-            "llvm.maximum", [element], fnty=ir.FunctionType(element, [element, element]))
+            "llvm.maximum", [element], fnty=ir.FunctionType(element, [element, element])
+        )
         return builder.call(maximum, args, fastmath=("nsz",))
 
     return types.float32(a, b), codegen
@@ -180,21 +183,49 @@ def start_maxima(target, target_taps, base, count, lowest):
 # Not inlined: called from two places, it would be compiled twice, and the first call's
 # compile time is what a notebook user waits for.
 @kernel()
-def max_over_last_axis(source, row_start, first, end, step, target, target_taps, base, axes,
-                       tap_outputs, tap_offsets, k_last, tap_base):
+def max_over_last_axis(
+    source,
+    row_start,
+    first,
+    end,
+    step,
+    target,
+    target_taps,
+    base,
+    axes,
+    tap_outputs,
+    tap_offsets,
+    k_last,
+    tap_base,
+):
     """Fold the last-axis taps of one input row, numbered from ``tap_base``, into
     target[base + j] for output first + j, and the winning taps into ``target_taps``."""
     for kw in range(k_last):
         begin, count, offset = tap_run(kw, first, end, tap_outputs, row_start, axes, tap_offsets)
-        max_run_with_taps(source, offset, step, target, target_taps, tap_base + kw,
-                          base + begin, count)
+        max_run_with_taps(
+            source, offset, step, target, target_taps, tap_base + kw, base + begin, count
+        )
 
 
 # The loops live in plain functions that the parallel driver calls: inside numba's
 # parallel region they optimize (and vectorize) far worse.
 @kernel()
-def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, index_offsets, lowest,
-                                axes, taps, tap_offsets, tap_outputs, lead_rows, block, slots):
+def max_pool_units_with_indices(
+    unit_begin,
+    unit_end,
+    x,
+    y,
+    indices,
+    index_offsets,
+    lowest,
+    axes,
+    taps,
+    tap_offsets,
+    tap_outputs,
+    lead_rows,
+    block,
+    slots,
+):
     """Max over each window; the first NaN wins, ties go to the first maximum in the scan.
     ``y`` receives the winning element itself (bit for bit), or ``lowest`` for a window
     with no tap inside the input; ``indices`` the winner's offset in the whole input,
@@ -237,23 +268,48 @@ def max_pool_units_with_indices(unit_begin, unit_end, x, y, indices, index_offse
             if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
                 continue
             if slots == 0:  # no input row is shared by two output rows: fold taps directly
-                max_over_last_axis(source, row_offset + tap_offsets[tap], first, end, step,
-                                   best, best_taps, np.uint64(0), axes, tap_outputs,
-                                   tap_offsets, k_last, tap)
+                max_over_last_axis(
+                    source,
+                    row_offset + tap_offsets[tap],
+                    first,
+                    end,
+                    step,
+                    best,
+                    best_taps,
+                    np.uint64(0),
+                    axes,
+                    tap_outputs,
+                    tap_offsets,
+                    k_last,
+                    tap,
+                )
                 continue
             slot, missing = row_slot(first_row + lead_rows[lead], first, keys, slots, out_last)
             base = np.uint64(slot * block)
             if missing:
                 start_maxima(rows, row_taps, base, end - first, lowest)
                 # np.int64: a literal 0 would make numba compile a second specialization
-                max_over_last_axis(source, row_offset + tap_offsets[tap], first, end, step,
-                                   rows, row_taps, base, axes, tap_outputs, tap_offsets,
-                                   k_last, np.int64(0))
+                max_over_last_axis(
+                    source,
+                    row_offset + tap_offsets[tap],
+                    first,
+                    end,
+                    step,
+                    rows,
+                    row_taps,
+                    base,
+                    axes,
+                    tap_outputs,
+                    tap_offsets,
+                    k_last,
+                    np.int64(0),
+                )
             for j in range(end - first):
                 value = rows[base + np.uint64(j)]
                 found = row_taps[base + np.uint64(j)]
                 take = (found >= 0) & (
-                    (best_taps[j] < 0) | (not keeps(decode(best[j]), decode(value))))
+                    (best_taps[j] < 0) | (not keeps(decode(best[j]), decode(value)))
+                )
                 best[j] = value if take else best[j]
                 best_taps[j] = tap + found if take else best_taps[j]
         out_begin = np.uint64(nc * y.shape[1] + row + first)

@@ -62,20 +62,29 @@ _INT64 = ir.IntType(64)
 def _call_units(typingctx, address, unit_begin, unit_end, block, call_arrays):
     """Call the trampoline at ``address`` (BlockCall) on units [unit_begin, unit_end), with
     the arguments in ``block`` and the data of ``call_arrays``."""
-    if not (isinstance(address, types.Integer) and isinstance(block, types.Array)
-            and isinstance(call_arrays, types.UniTuple)):
+    if not (
+        isinstance(address, types.Integer)
+        and isinstance(block, types.Array)
+        and isinstance(call_arrays, types.UniTuple)
+    ):
         return None
 
     def codegen(context, builder, signature, args):
         address_value, begin, end, block_value, arrays_value = args
-        pointers = [block_value] + [builder.extract_value(arrays_value, i)
-                                    for i in range(CALL_ARRAYS)]
+        pointers = [block_value] + [
+            builder.extract_value(arrays_value, i) for i in range(CALL_ARRAYS)
+        ]
         pointer_types = [signature.args[3]] + [signature.args[4].dtype] * CALL_ARRAYS
-        values = [context.cast(builder, begin, signature.args[1], types.int64),
-                  context.cast(builder, end, signature.args[2], types.int64)]
-        values += [builder.bitcast(context.make_array(array_type)(context, builder, value).data,
-                                   cgutils.voidptr_t)
-                   for array_type, value in zip(pointer_types, pointers)]
+        values = [
+            context.cast(builder, begin, signature.args[1], types.int64),
+            context.cast(builder, end, signature.args[2], types.int64),
+        ]
+        values += [
+            builder.bitcast(
+                context.make_array(array_type)(context, builder, value).data, cgutils.voidptr_t
+            )
+            for array_type, value in zip(pointer_types, pointers)
+        ]
         _numba.call_at_address(context, builder, address_value, _TRAMPOLINE_ARGUMENTS, values)
         return context.get_dummy_value()
 
@@ -91,8 +100,7 @@ def run_in_parallel(address, first_unit, units, chunks, threads, block, call_arr
     chunk_size_before = use_chunk_size(1)
     for chunk in prange(chunks):
         unit_begin, unit_end = chunk_units(chunk, chunks, units - first_unit)
-        _call_units(address, first_unit + unit_begin, first_unit + unit_end, block,
-                    call_arrays)
+        _call_units(address, first_unit + unit_begin, first_unit + unit_end, block, call_arrays)
     use_chunk_size(chunk_size_before)
     use_threads(before)
 
@@ -104,25 +112,40 @@ _SIGNATURE = (types.int64,) * 5 + (_BYTES, types.UniTuple(_BYTES, CALL_ARRAYS))
 def call_bytes(arrays: tuple) -> tuple:
     """The driver's call_arrays for ``arrays`` (C-contiguous, at most CALL_ARRAYS): views
     of their bytes."""
-    return tuple([np.frombuffer(array, np.uint8) for array in arrays]
-                 + [_NO_BYTES] * (CALL_ARRAYS - len(arrays)))
+    return tuple(
+        [np.frombuffer(array, np.uint8) for array in arrays]
+        + [_NO_BYTES] * (CALL_ARRAYS - len(arrays))
+    )
 
 
 # Each argument the entry point takes in numba's calling convention (an array as its
 # fields, a tuple as its members) has a slot of SLOT bytes in the block, its value at the
 # slot's start
 SLOT = 8
-_SLOT_FORMATS = {types.int8: "b", types.uint8: "B", types.int16: "h", types.uint16: "H",
-                 types.int32: "i", types.uint32: "I", types.int64: "q", types.uint64: "Q",
-                 types.float32: "f", types.float64: "d", types.boolean: "?"}
+_SLOT_FORMATS = {
+    types.int8: "b",
+    types.uint8: "B",
+    types.int16: "h",
+    types.uint16: "H",
+    types.int32: "i",
+    types.uint32: "I",
+    types.int64: "q",
+    types.uint64: "Q",
+    types.float32: "f",
+    types.float64: "d",
+    types.boolean: "?",
+}
 # an array's fields by name (numba's data model orders them: _numba.array_fields): meminfo
 # and parent are null (the kernels count no references), then each field's values
-_ARRAY_FIELD_VALUES = {"meminfo": lambda array: [0], "parent": lambda array: [0],
-                       "nitems": lambda array: [array.size],
-                       "itemsize": lambda array: [array.itemsize],
-                       "data": lambda array: [array.ctypes.data],
-                       "shape": lambda array: list(array.shape),
-                       "strides": lambda array: list(array.strides)}
+_ARRAY_FIELD_VALUES = {
+    "meminfo": lambda array: [0],
+    "parent": lambda array: [0],
+    "nitems": lambda array: [array.size],
+    "itemsize": lambda array: [array.itemsize],
+    "data": lambda array: [array.ctypes.data],
+    "shape": lambda array: list(array.shape),
+    "strides": lambda array: list(array.strides),
+}
 
 
 def _slot(code: str) -> str:
@@ -137,8 +160,11 @@ def _flattened(context, numba_type, value) -> list:
         values = {name: iter(_ARRAY_FIELD_VALUES[name](value)) for name, _ in fields}
         return [(_slot(code), next(values[name]), name) for name, code in fields]
     if isinstance(numba_type, types.BaseTuple):
-        return [slot for member_type, member in zip(numba_type.types, value)
-                for slot in _flattened(context, member_type, member)]
+        return [
+            slot
+            for member_type, member in zip(numba_type.types, value)
+            for slot in _flattened(context, member_type, member)
+        ]
     kind = getattr(numba_type, "literal_type", numba_type)  # a literal as its value's type
     return [(_slot(_SLOT_FORMATS[kind]), value, None)]
 
@@ -157,13 +183,16 @@ def block_call(compiled, arguments: tuple, call_arrays: int) -> BlockCall:
     anew: their data comes with each call (call_bytes), the rest of their fields (shape and
     strides: the same on every call of a launch) and every other argument from the block."""
     flat_types = _numba.flat_argument_types(compiled.context, compiled.argument_types)
-    slots = [_flattened(compiled.context, numba_type, argument)
-             for numba_type, argument in zip(compiled.argument_types, arguments)]
+    slots = [
+        _flattened(compiled.context, numba_type, argument)
+        for numba_type, argument in zip(compiled.argument_types, arguments)
+    ]
     # the slot of each call array's data (the trampoline takes it from the call; the block
     # keeps this call's there, unread)
-    data_slots = tuple(sum(map(len, slots[:i]))
-                       + [name for _, _, name in slots[i]].index("data")
-                       for i in range(call_arrays))
+    data_slots = tuple(
+        sum(map(len, slots[:i])) + [name for _, _, name in slots[i]].index("data")
+        for i in range(call_arrays)
+    )
     slots = [slot for argument_slots in slots for slot in argument_slots]
     if len(slots) != len(flat_types):  # a type this packing does not know
         raise TypeError(f"numbapool: cannot pass arguments of types {compiled.argument_types}")
@@ -186,9 +215,14 @@ def _trampoline(compiled, flat_types: tuple, data_slots: tuple) -> int:
 
     def entry_arguments(builder, arguments):
         begin, end, block_pointer, *data = arguments
-        values = [builder.load(builder.bitcast(builder.gep(block_pointer, [_INT64(SLOT * i)]),
-                                               flat_type.as_pointer()))
-                  for i, flat_type in enumerate(flat_types)]
+        values = [
+            builder.load(
+                builder.bitcast(
+                    builder.gep(block_pointer, [_INT64(SLOT * i)]), flat_type.as_pointer()
+                )
+            )
+            for i, flat_type in enumerate(flat_types)
+        ]
         for slot, pointer in zip(data_slots, data):
             values[slot] = builder.bitcast(pointer, flat_types[slot])
         return [begin, end] + values
@@ -196,9 +230,13 @@ def _trampoline(compiled, flat_types: tuple, data_slots: tuple) -> int:
     with _numba.compiler_lock:
         if key not in _TRAMPOLINES:
             _TRAMPOLINES[key] = _numba.compile_trampoline(
-                compiled.context, f"numbapool_trampoline_{len(_TRAMPOLINES)}",
-                _TRAMPOLINE_ARGUMENTS, entry_arguments, compiled.address,
-                (types.int64, types.int64) + tuple(compiled.argument_types))
+                compiled.context,
+                f"numbapool_trampoline_{len(_TRAMPOLINES)}",
+                _TRAMPOLINE_ARGUMENTS,
+                entry_arguments,
+                compiled.address,
+                (types.int64, types.int64) + tuple(compiled.argument_types),
+            )
         return _TRAMPOLINES[key][0]
 
 
@@ -238,13 +276,17 @@ def ready_driver():
     with _compiling_lock:
         future = _compiling
         if future is None:
-            if (not COMPILE_IN_BACKGROUND or _SIGNATURE in run_in_parallel.signatures
-                    or _numba.in_disk_cache(run_in_parallel, _SIGNATURE)):
+            if (
+                not COMPILE_IN_BACKGROUND
+                or _SIGNATURE in run_in_parallel.signatures
+                or _numba.in_disk_cache(run_in_parallel, _SIGNATURE)
+            ):
                 return _compile()
             future = Future()
             try:
-                threading.Thread(target=_compile_into, args=(future,),
-                                 name="numbapool-driver").start()
+                threading.Thread(
+                    target=_compile_into, args=(future,), name="numbapool-driver"
+                ).start()
             except RuntimeError:  # the interpreter is shutting down: no new threads
                 return _compile()
             _compiling = future

@@ -47,23 +47,24 @@ _border_row_sum = inlined()(border_row_sum.py_func)
 
 
 @njit(inline="always")
-def _row_sums(source, row_start, sums, at, out_width, lo, hi, step, left, axes, zero, p,
-              p_kind):
+def _row_sums(source, row_start, sums, at, out_width, lo, hi, step, left, axes, zero, p, p_kind):
     """sums[at + o] = the sum of the taps inside the row of output o's window (3 taps from
     o * step - left), for o < out_width; [lo, hi) the outputs whose taps all lie inside
     (the others: sums.border_row_sum, _border_row_sum here)."""
     one = np.uint64(1)  # unsigned offsets: a signed index would be checked for wraparound
     for o in range(np.uint64(lo), np.uint64(hi)):
         tap = row_start + o * step - np.uint64(left)
-        sums[at + o] = (((zero + _element(source, tap, p, p_kind))
-                         + _element(source, tap + one, p, p_kind))
-                        + _element(source, tap + one + one, p, p_kind))
+        sums[at + o] = (
+            (zero + _element(source, tap, p, p_kind)) + _element(source, tap + one, p, p_kind)
+        ) + _element(source, tap + one + one, p, p_kind)
     for o in range(lo):
-        sums[at + np.uint64(o)] = _border_row_sum(source, np.int64(row_start), o, 3, axes, zero,
-                                                 p, p_kind)
+        sums[at + np.uint64(o)] = _border_row_sum(
+            source, np.int64(row_start), o, 3, axes, zero, p, p_kind
+        )
     for o in range(hi, out_width):
-        sums[at + np.uint64(o)] = _border_row_sum(source, np.int64(row_start), o, 3, axes, zero,
-                                                 p, p_kind)
+        sums[at + np.uint64(o)] = _border_row_sum(
+            source, np.int64(row_start), o, 3, axes, zero, p, p_kind
+        )
 
 
 @njit(inline="always")
@@ -87,11 +88,13 @@ def _flat_row_sums(source, start, rows, width, sums, zero, p, p_kind):
         middle = right
     for row in range(rows):
         i = np.uint64(row * width)
-        sums[i] = ((zero + _element(source, start + i, p, p_kind))
-                   + _element(source, start + i + one, p, p_kind))
+        sums[i] = (zero + _element(source, start + i, p, p_kind)) + _element(
+            source, start + i + one, p, p_kind
+        )
         i += np.uint64(width) - one
-        sums[i] = ((zero + _element(source, start + i - one, p, p_kind))
-                   + _element(source, start + i, p, p_kind))
+        sums[i] = (zero + _element(source, start + i - one, p, p_kind)) + _element(
+            source, start + i, p, p_kind
+        )
 
 
 @njit(inline="always")
@@ -101,8 +104,7 @@ def _outputs(sums, rows, at, stride, out, out_at, count, p, p_kind, row_divisors
     zero; o < count."""
     if rows == 3:
         for o in range(count):
-            total = (((zero + sums[at + o]) + sums[at + stride + o])
-                     + sums[at + stride + stride + o])
+            total = ((zero + sums[at + o]) + sums[at + stride + o]) + sums[at + stride + stride + o]
             out[out_at + o] = window_output(total, o, p, p_kind, row_divisors, y)
     elif rows == 2:
         for o in range(count):
@@ -114,8 +116,9 @@ def _outputs(sums, rows, at, stride, out, out_at, count, p, p_kind, row_divisors
 
 
 @kernel(error_model="numpy")  # the divisors are at least 1: no check for zero in the loops
-def plane_sum_units(unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, block, p_kind,
-                    column_step):
+def plane_sum_units(
+    unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, block, p_kind, column_step
+):
     """AveragePool (``p_kind`` 0) or LpPool with p = 2 (``p_kind`` 2) over output rows
     [unit_begin, unit_end) (units: whole output rows, of ``block`` outputs) of the 3x3
     windows this module serves, accumulated in the type of ``zero``; AveragePool divides by
@@ -142,13 +145,33 @@ def plane_sum_units(unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, b
         row_lo = max(0, first * row_step - top)
         row_hi = min(height, (end - 1) * row_step - top + 3)
         if column_step == 1 and out_width == width:
-            _flat_row_sums(source, np.uint64((plane * height + row_lo) * width),
-                           row_hi - row_lo, width, sums, zero, p, p_kind)
+            _flat_row_sums(
+                source,
+                np.uint64((plane * height + row_lo) * width),
+                row_hi - row_lo,
+                width,
+                sums,
+                zero,
+                p,
+                p_kind,
+            )
         else:
             for row in range(row_lo, row_hi):
-                _row_sums(source, np.uint64((plane * height + row) * width), sums,
-                          np.uint64(row - row_lo) * stride, out_width, lo, hi,
-                          np.uint64(column_step), left, axes, zero, p, p_kind)
+                _row_sums(
+                    source,
+                    np.uint64((plane * height + row) * width),
+                    sums,
+                    np.uint64(row - row_lo) * stride,
+                    out_width,
+                    lo,
+                    hi,
+                    np.uint64(column_step),
+                    left,
+                    axes,
+                    zero,
+                    p,
+                    p_kind,
+                )
         for row in range(first, end):
             if p_kind == 0:
                 leading = divisor_counts[0, row]
@@ -159,8 +182,19 @@ def plane_sum_units(unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, b
             window_top = row * row_step - top
             inside_top = max(window_top, 0)
             rows = min(window_top + 3, height) - inside_top
-            _outputs(sums, rows, np.uint64(inside_top - row_lo) * stride, stride, out,
-                     np.uint64((plane * out_height + row) * out_width), np.uint64(out_width), p,
-                     p_kind, row_divisors, zero, y)
+            _outputs(
+                sums,
+                rows,
+                np.uint64(inside_top - row_lo) * stride,
+                stride,
+                out,
+                np.uint64((plane * out_height + row) * out_width),
+                np.uint64(out_width),
+                p,
+                p_kind,
+                row_divisors,
+                zero,
+                y,
+            )
         unit += end - first
     release(sums, row_divisors)

@@ -25,10 +25,12 @@ def prefetch(typingctx, array, index):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
         address = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(8).as_pointer())
         hint = builder.module.declare_intrinsic(
-            "llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [address.type, _I32, _I32, _I32]))
+            "llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [address.type, _I32, _I32, _I32])
+        )
         # read (0), keep in all cache levels (3), data cache (1)
-        builder.call(hint, [address, ir.Constant(_I32, 0), ir.Constant(_I32, 3),
-                            ir.Constant(_I32, 1)])
+        builder.call(
+            hint, [address, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)]
+        )
         return context.get_dummy_value()
 
     return types.void(array, index), codegen

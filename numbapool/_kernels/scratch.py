@@ -49,8 +49,9 @@ def allocation(array_type):
         size = builder.mul(length, itemsize)
         meminfo = _numba.allocate_aligned(context, builder, size, _ALIGNMENT)
         with cgutils.if_unlikely(builder, cgutils.is_null(builder, meminfo)):
-            _numba.raise_in_kernel(context, builder, MemoryError,
-                                   ("numbapool: no memory for a scratch array",))
+            _numba.raise_in_kernel(
+                context, builder, MemoryError, ("numbapool: no memory for a scratch array",)
+            )
         data = builder.bitcast(_numba.data_of(builder, meminfo), element.as_pointer())
         return _one_axis(context, builder, array_type, data, length, itemsize, meminfo, None)
 
@@ -82,8 +83,9 @@ def release(typingctx, *arrays):
     def codegen(context, builder, signature, args):
         for i, array in enumerate(arrays):
             value = builder.extract_value(args[0], i)
-            _numba.release_meminfo(builder,
-                                   context.make_array(array)(context, builder, value).meminfo)
+            _numba.release_meminfo(
+                builder, context.make_array(array)(context, builder, value).meminfo
+            )
         return context.get_dummy_value()
 
     return types.none(types.StarArgTuple.from_types(arrays)), codegen
@@ -109,8 +111,16 @@ def flat_view(typingctx, array):
 
     def codegen(context, builder, signature, args):
         source = context.make_array(array)(context, builder, args[0])
-        view = _one_axis(context, builder, result, source.data, source.nitems, source.itemsize,
-                         source.meminfo, source.parent)
+        view = _one_axis(
+            context,
+            builder,
+            result,
+            source.data,
+            source.nitems,
+            source.itemsize,
+            source.meminfo,
+            source.parent,
+        )
         return _numba.borrowed(context, builder, result, view)
 
     return result(array), codegen

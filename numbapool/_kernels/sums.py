@@ -52,7 +52,7 @@ def lp_term(value, p, p_kind):
         return magnitude * magnitude
     if p_kind == 3:
         return magnitude * magnitude * magnitude
-    return magnitude ** p
+    return magnitude**p
 
 
 @njit(inline="always")
@@ -74,11 +74,11 @@ def window_output(total, o, p, p_kind, row_divisors, y):
 
 
 # cube_root's shortcut: totals in [CUBE_LOW, CUBE_HIGH], whose roots' cubes stay normal
-CUBE_LOW = 2.0 ** -900
-CUBE_HIGH = 2.0 ** 900
+CUBE_LOW = 2.0**-900
+CUBE_HIGH = 2.0**900
 # How far the approximate root's cube lies from the total at most, and the bracket's half
 # width, relative: see _approximate_cube_root and cube_root
-CUBE_SLACK = 2.0 ** -43
+CUBE_SLACK = 2.0**-43
 # t ** (-1/3) within 3.5%, by its bits: the exponent divided by -3
 INVERSE_CUBE_ROOT_BITS = np.int64(0x553EF0FF289DD796)
 
@@ -102,7 +102,8 @@ def _approximate_cube_root(t):
     million totals across the range, in a scratch check; tests/test_semantics.py checks
     the bound in exact arithmetic)."""
     inverse = float64_from_bits(
-        INVERSE_CUBE_ROOT_BITS - np.int64(np.float64(float64_bits(t)) * (1.0 / 3.0)))
+        INVERSE_CUBE_ROOT_BITS - np.int64(np.float64(float64_bits(t)) * (1.0 / 3.0))
+    )
     for _ in range(2):
         # t y**3 = 1 - e: t ** (-1/3) = y (1 - e) ** (-1/3) = y (1 + e/3 + 2e²/9 + 14e³/81 + ...)
         e = 1.0 - t * (inverse * inverse * inverse)
@@ -246,29 +247,46 @@ def border_row_sum(source, row_start, o, width, axes, zero, p, p_kind):
 
 
 @kernel()  # not inlined, as max_over_last_axis
-def three_tap_row_sums(source, row_start, first, end, step, target, base, zero, axes,
-                       interior):
+def three_tap_row_sums(source, row_start, first, end, step, target, base, zero, axes, interior):
     """``sum_over_last_axis`` for AveragePool's common windows, 3 taps wide along the last
     axis with no dilation and a step of 1 or 2: the interior outputs' taps in one loop body,
     the others one by one; each sum in the same order."""
     lo, hi = interior_span(first, end, interior)
     if step == 1:
-        _row_window_sums(source, row_start, target, base, first, lo, hi, 3, np.uint64(1), axes,
-                         zero)
+        _row_window_sums(
+            source, row_start, target, base, first, lo, hi, 3, np.uint64(1), axes, zero
+        )
     else:
-        _row_window_sums(source, row_start, target, base, first, lo, hi, 3, np.uint64(2), axes,
-                         zero)
+        _row_window_sums(
+            source, row_start, target, base, first, lo, hi, 3, np.uint64(2), axes, zero
+        )
     for o in range(first, lo):
-        target[base + np.uint64(o - first)] = border_row_sum(source, row_start, o, 3, axes, zero,
-                                                             zero, 0)
+        target[base + np.uint64(o - first)] = border_row_sum(
+            source, row_start, o, 3, axes, zero, zero, 0
+        )
     for o in range(hi, end):
-        target[base + np.uint64(o - first)] = border_row_sum(source, row_start, o, 3, axes, zero,
-                                                             zero, 0)
+        target[base + np.uint64(o - first)] = border_row_sum(
+            source, row_start, o, 3, axes, zero, zero, 0
+        )
 
 
 @kernel()  # not inlined, as max_over_last_axis
-def sum_over_last_axis(source, row_start, first, end, step, target, base, zero, axes,
-                       tap_outputs, tap_offsets, k_last, p, p_kind):
+def sum_over_last_axis(
+    source,
+    row_start,
+    first,
+    end,
+    step,
+    target,
+    base,
+    zero,
+    axes,
+    tap_outputs,
+    tap_offsets,
+    k_last,
+    p,
+    p_kind,
+):
     """target[base + j] = the sum of the terms of one input row's last-axis taps inside the
     input, for output first + j."""
     for j in range(end - first):
@@ -279,8 +297,9 @@ def sum_over_last_axis(source, row_start, first, end, step, target, base, zero, 
 
 
 @njit(inline="always")
-def border_sum(o, row_offset, row_inside, starts, zero, p, p_kind, source, axes, taps,
-               tap_offsets, k_last):
+def border_sum(
+    o, row_offset, row_inside, starts, zero, p, p_kind, source, axes, taps, tap_offsets, k_last
+):
     """The window sum of output o of a row (its terms as lp_term's, ``p`` in the type of
     ``zero``): each input row's sum, then the rows in order."""
     last = axes.shape[1] - 1
@@ -293,8 +312,7 @@ def border_sum(o, row_offset, row_inside, starts, zero, p, p_kind, source, axes,
         for tap in range(lead * k_last, (lead + 1) * k_last):
             position = at + taps[tap, last] * axes[AXIS_DILATION, last]
             if 0 <= position < axes[AXIS_IN, last]:
-                row_sum += term_at(source, np.uint64(row_offset + at + tap_offsets[tap]), p,
-                                 p_kind)
+                row_sum += term_at(source, np.uint64(row_offset + at + tap_offsets[tap]), p, p_kind)
         total += row_sum
     return total
 
@@ -345,8 +363,7 @@ def divisor_row(row_divisors, leading, divisor_counts, zero):
 def _three_row_means(rows, row_bases, out, out_begin, first, count, row_divisors, zero, y):
     """AveragePool outputs of a window with three input rows: the cached row sums added in
     order to a zero, as the totals are, then divided."""
-    row0, row1, row2 = (np.uint64(row_bases[0]), np.uint64(row_bases[1]),
-                        np.uint64(row_bases[2]))
+    row0, row1, row2 = (np.uint64(row_bases[0]), np.uint64(row_bases[1]), np.uint64(row_bases[2]))
     for j in range(count):
         k = np.uint64(j)
         total = ((zero + rows[row0 + k]) + rows[row1 + k]) + rows[row2 + k]
@@ -359,16 +376,31 @@ def store_means(totals, out, out_begin, count, first, row_divisors, y):
     """out[out_begin + j] = AveragePool's output first + j of a row from its window sum
     totals[j]."""
     for j in range(count):
-        out[out_begin + np.uint64(j)] = encode(totals[j] / row_divisors[np.uint64(first + j)],
-                                               y)
+        out[out_begin + np.uint64(j)] = encode(totals[j] / row_divisors[np.uint64(first + j)], y)
 
 
 # The kinds arrive as literal arguments (entry.py): each compiles its own branches only
 # (_numba.LiteralKindsCompiler), AveragePool none of LpPool's roots and the reverse, a window 3 taps
 # wide none of the generic row sums and the reverse.
 @kernel()
-def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets, tap_outputs,
-                   lead_rows, divisor_counts, block, slots, p_kind, three_taps):
+def sum_pool_units(
+    unit_begin,
+    unit_end,
+    x,
+    y,
+    p,
+    zero,
+    axes,
+    taps,
+    tap_offsets,
+    tap_outputs,
+    lead_rows,
+    divisor_counts,
+    block,
+    slots,
+    p_kind,
+    three_taps,
+):
     """AveragePool (p_kind 0) and LpPool (p_kind 1 to 4) over each window's taps inside the
     input, accumulated in the type of ``zero`` (float32 or float64). AveragePool divides by
     the product over axes of ``divisor_counts``; a divisor of 0 (a window with no tap
@@ -412,12 +444,29 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
         first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
         row_offset += nc * x.shape[1]
         all_rows = False  # a window of three cached input rows, all inside: added when divided
-        if (lead_count == 1 and not three_taps
-                and (row_inside or tap_is_inside(0, taps, starts, axes, last))):
+        if (
+            lead_count == 1
+            and not three_taps
+            and (row_inside or tap_is_inside(0, taps, starts, axes, last))
+        ):
             # one input row per window: no rows to add up (three-tap rows take the path
             # below: a second call of three_tap_row_sums made the 2-D windows 5-8% slower)
-            sum_over_last_axis(source, row_offset, first, end, step, totals, np.uint64(0),
-                               zero, axes, tap_outputs, tap_offsets, k_last, p_acc, p_kind)
+            sum_over_last_axis(
+                source,
+                row_offset,
+                first,
+                end,
+                step,
+                totals,
+                np.uint64(0),
+                zero,
+                axes,
+                tap_outputs,
+                tap_offsets,
+                k_last,
+                p_acc,
+                p_kind,
+            )
         else:
             first_row = first_input_row(nc, channel_rows, starts, row_strides)
             if not defer:
@@ -428,20 +477,42 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
                 tap = lead * k_last
                 if not row_inside and not tap_is_inside(tap, taps, starts, axes, last):
                     continue
-                slot, missing = row_slot(first_row + lead_rows[lead], first, keys, slots,
-                                         out_last)
+                slot, missing = row_slot(first_row + lead_rows[lead], first, keys, slots, out_last)
                 base = np.uint64(slot * block)
                 row_bases[inside_rows] = slot * block
                 inside_rows += 1
                 # the kind tested on its own, so that its compile drops the other call
                 if missing:
                     if three_taps:
-                        three_tap_row_sums(source, row_offset + tap_offsets[tap], first, end,
-                                           step, rows, base, zero, axes, interior)
+                        three_tap_row_sums(
+                            source,
+                            row_offset + tap_offsets[tap],
+                            first,
+                            end,
+                            step,
+                            rows,
+                            base,
+                            zero,
+                            axes,
+                            interior,
+                        )
                     else:
-                        sum_over_last_axis(source, row_offset + tap_offsets[tap], first, end,
-                                           step, rows, base, zero, axes, tap_outputs,
-                                           tap_offsets, k_last, p_acc, p_kind)
+                        sum_over_last_axis(
+                            source,
+                            row_offset + tap_offsets[tap],
+                            first,
+                            end,
+                            step,
+                            rows,
+                            base,
+                            zero,
+                            axes,
+                            tap_outputs,
+                            tap_offsets,
+                            k_last,
+                            p_acc,
+                            p_kind,
+                        )
                 if not defer:
                     for j in range(end - first):
                         totals[j] += rows[base + np.uint64(j)]
@@ -459,15 +530,21 @@ def sum_pool_units(unit_begin, unit_end, x, y, p, zero, axes, taps, tap_offsets,
                 divisor_row(row_divisors, leading, divisor_counts, zero)
                 divisors_leading = leading
             if all_rows:
-                _three_row_means(rows, row_bases, out, out_begin, first, end - first,
-                                 row_divisors, zero, y)
+                _three_row_means(
+                    rows, row_bases, out, out_begin, first, end - first, row_divisors, zero, y
+                )
             else:
                 store_means(totals, out, out_begin, end - first, first, row_divisors, y)
         elif p_kind == 3:
             for j in range(end - first):
                 queue[np.uint64(queued + j)] = totals[j]
-            queued = queue_roots(queue, queued + end - first, out,
-                                 out_begin + np.uint64(end - first), unit == unit_end - 1)
+            queued = queue_roots(
+                queue,
+                queued + end - first,
+                out,
+                out_begin + np.uint64(end - first),
+                unit == unit_end - 1,
+            )
         else:
             for j in range(end - first):
                 out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, p_kind), y)

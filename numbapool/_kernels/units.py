@@ -127,8 +127,9 @@ def tap_run(tap, first, end, tap_outputs, row_offset, axes, tap_offsets):
     last = axes.shape[1] - 1
     lo = max(first, tap_outputs[tap, 0])
     hi = min(end, tap_outputs[tap, 1])
-    offset = (row_offset + lo * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
-              + tap_offsets[tap])
+    offset = (
+        row_offset + lo * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last] + tap_offsets[tap]
+    )
     return np.uint64(lo - first), max(0, hi - lo), np.uint64(max(0, offset))
 
 
@@ -145,8 +146,15 @@ def window_index(nc, channel_size, starts, axes):
 def plane_axes(axes):
     """A 2-D geometry's (height, width, out_height, out_width, top pad, left pad, the first
     axis's stride)."""
-    return (axes[AXIS_IN, 0], axes[AXIS_IN, 1], axes[AXIS_OUT, 0], axes[AXIS_OUT, 1],
-            axes[AXIS_PAD_BEGIN, 0], axes[AXIS_PAD_BEGIN, 1], axes[AXIS_STRIDE, 0])
+    return (
+        axes[AXIS_IN, 0],
+        axes[AXIS_IN, 1],
+        axes[AXIS_OUT, 0],
+        axes[AXIS_OUT, 1],
+        axes[AXIS_PAD_BEGIN, 0],
+        axes[AXIS_PAD_BEGIN, 1],
+        axes[AXIS_STRIDE, 0],
+    )
 
 
 @njit(inline="always")
@@ -259,5 +267,4 @@ def unit_row(unit, unit_begin, nc, positions, starts, axes, block, x, y):
     if unit > unit_begin:
         nc = next_unit(positions, nc, axes, block)
     first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
-    return (nc, first, end, row_offset + nc * x.shape[1], row_inside,
-            nc * y.shape[1] + row)
+    return (nc, first, end, row_offset + nc * x.shape[1], row_inside, nc * y.shape[1] + row)

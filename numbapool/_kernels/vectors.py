@@ -11,16 +11,14 @@ F32 = ir.FloatType()
 
 
 def declare(builder, name, result, arguments):
-    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, arguments),
-                                          name)
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(result, arguments), name)
 
 
 def splat(builder, value, lanes):
     """A vector of ``lanes`` copies of ``value``."""
     vector = ir.VectorType(value.type, lanes)
     first = builder.insert_element(ir.Constant(vector, ir.Undefined), value, ir.Constant(I32, 0))
-    return builder.shuffle_vector(first, first,
-                                  ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+    return builder.shuffle_vector(first, first, ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 
 
 def counted_loop(builder, end, step, initial, add):
@@ -65,8 +63,9 @@ def left_lanes(builder, count, whole, first, lanes):
     inside = builder.sub(builder.sub(count, whole), ir.Constant(I64, first))
     inside = builder.select(builder.icmp_signed("<", inside, zero), zero, inside)
     below = builder.icmp_signed("<", inside, ir.Constant(I64, lanes))
-    bits = builder.sub(builder.shl(ir.Constant(I64, 1), builder.select(below, inside, zero)),
-                       ir.Constant(I64, 1))
+    bits = builder.sub(
+        builder.shl(ir.Constant(I64, 1), builder.select(below, inside, zero)), ir.Constant(I64, 1)
+    )
     bits = builder.select(below, bits, ir.Constant(I64, -1))
     if lanes < 64:
         bits = builder.trunc(bits, ir.IntType(lanes))
@@ -77,10 +76,17 @@ def masked_memory(builder, vector, suffix):
     """(llvm.masked.load, llvm.masked.store) of ``vector`` (``suffix`` its LLVM name)."""
     pointer = vector.as_pointer()
     mask_type = ir.VectorType(I1, vector.count)
-    return (declare(builder, f"llvm.masked.load.{suffix}.p0", vector,
-                     [pointer, I32, mask_type, vector]),
-            declare(builder, f"llvm.masked.store.{suffix}.p0", ir.VoidType(),
-                     [vector, pointer, I32, mask_type]))
+    return (
+        declare(
+            builder, f"llvm.masked.load.{suffix}.p0", vector, [pointer, I32, mask_type, vector]
+        ),
+        declare(
+            builder,
+            f"llvm.masked.store.{suffix}.p0",
+            ir.VoidType(),
+            [vector, pointer, I32, mask_type],
+        ),
+    )
 
 
 def load_within(builder, pointer, inside, fill, fits, masked_load, alignment):
@@ -94,8 +100,7 @@ def load_within(builder, pointer, inside, fill, fits, masked_load, alignment):
             selected = builder.select(inside, builder.load(pointer, align=alignment), fill)
             whole_block = builder.block
         with masked:
-            loaded = builder.call(masked_load, [pointer, ir.Constant(I32, alignment), inside,
-                                                fill])
+            loaded = builder.call(masked_load, [pointer, ir.Constant(I32, alignment), inside, fill])
             masked_block = builder.block
     result = builder.phi(fill.type)
     result.add_incoming(selected, whole_block)
@@ -112,5 +117,4 @@ def fits_before(builder, start, offset, lanes, end):
 def vectors_at(builder, data, start, vector):
     """offset -> a pointer to the ``vector`` of elements from data[start + offset]."""
     pointer = vector.as_pointer()
-    return lambda offset: builder.bitcast(builder.gep(data, [builder.add(start, offset)]),
-                                          pointer)
+    return lambda offset: builder.bitcast(builder.gep(data, [builder.add(start, offset)]), pointer)

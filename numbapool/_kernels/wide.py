@@ -63,14 +63,19 @@ def _add_taps(padded, tap, taps, sums, at, out_width, step, zero, first):
         for o in range(np.uint64(out_width)):
             i = o * step + tap
             sum_ = first_pass_or(first, zero, sums[at + o])
-            sums[at + o] = ((((sum_ + padded[i]) + padded[i + one]) + padded[i + one + one])
-                            + padded[i + one + one + one]) + padded[i + one + one + one + one]
+            sums[at + o] = (
+                (((sum_ + padded[i]) + padded[i + one]) + padded[i + one + one])
+                + padded[i + one + one + one]
+            ) + padded[i + one + one + one + one]
     elif taps == 4:
         for o in range(np.uint64(out_width)):
             i = o * step + tap
             sum_ = first_pass_or(first, zero, sums[at + o])
-            sums[at + o] = (((sum_ + padded[i]) + padded[i + one]) + padded[i + one + one]
-                            + padded[i + one + one + one])
+            sums[at + o] = (
+                ((sum_ + padded[i]) + padded[i + one])
+                + padded[i + one + one]
+                + padded[i + one + one + one]
+            )
     elif taps == 3:
         for o in range(np.uint64(out_width)):
             i = o * step + tap
@@ -86,8 +91,23 @@ def _add_taps(padded, tap, taps, sums, at, out_width, step, zero, first):
 
 
 @njit(inline="always")
-def _add_rows(sums, first, rows, slots, totals, out_width, zero, start, last, out, out_at, p,
-              p_kind, row_divisors, y):
+def _add_rows(
+    sums,
+    first,
+    rows,
+    slots,
+    totals,
+    out_width,
+    zero,
+    start,
+    last,
+    out,
+    out_at,
+    p,
+    p_kind,
+    row_divisors,
+    y,
+):
     """totals[o] += the row sums of ``rows`` (0 to 3) input rows from ``first``, in order,
     each from its slot of the ring, for o < out_width; at the ``start``, the totals start
     from ``zero``; at the ``last`` rows, they go to out[out_at + o] (sums.window_output), not to
@@ -110,8 +130,9 @@ def _add_rows(sums, first, rows, slots, totals, out_width, zero, start, last, ou
 
 
 @kernel(error_model="numpy")  # the divisors are at least 1: no check for zero in the loop
-def wide_sum_units(unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, block, p_kind,
-                   column_step):
+def wide_sum_units(
+    unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, block, p_kind, column_step
+):
     """AveragePool (``p_kind`` 0) or LpPool with p = 2 (``p_kind`` 2) over output rows
     [unit_begin, unit_end) (units: whole output rows, of ``block`` outputs) of the windows
     this module serves, accumulated in the type of ``zero``; AveragePool divides by the
@@ -140,15 +161,33 @@ def wide_sum_units(unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, bl
     next_row = 0  # the plane's next input row without its row sums in the ring
     for unit in range(unit_begin, unit_end):
         plane, row, inside_top, inside_end, next_row = window_rows(
-            unit, plane, next_row, out_height, row_step, top, window_height, height)
+            unit, plane, next_row, out_height, row_step, top, window_height, height
+        )
         while next_row < inside_end:
-            _padded_row(source, np.uint64((plane * height + next_row) * width), padded, left,
-                        copied, zero, p, p_kind)
+            _padded_row(
+                source,
+                np.uint64((plane * height + next_row) * width),
+                padded,
+                left,
+                copied,
+                zero,
+                p,
+                p_kind,
+            )
             at = ring_slot(next_row, slots, out_width)
             for tap_pass in range(passes):
                 tap = tap_pass * window_width // passes
-                _add_taps(padded, np.uint64(tap), (tap_pass + 1) * window_width // passes - tap,
-                          sums, at, out_width, step, zero, tap_pass == 0)
+                _add_taps(
+                    padded,
+                    np.uint64(tap),
+                    (tap_pass + 1) * window_width // passes - tap,
+                    sums,
+                    at,
+                    out_width,
+                    step,
+                    zero,
+                    tap_pass == 0,
+                )
             next_row += 1
         out_at = np.uint64(unit * out_width)
         if p_kind == 0:
@@ -158,7 +197,21 @@ def wide_sum_units(unit_begin, unit_end, x, y, zero, p, axes, divisor_counts, bl
                 divisors_leading = leading
         # a window with no row inside takes one group of no rows
         for first in range(inside_top, max(inside_end, inside_top + 1), 3):
-            _add_rows(sums, first, min(3, inside_end - first), slots, totals, out_width, zero,
-                      first == inside_top, first + 3 >= inside_end, out, out_at, p, p_kind,
-                      row_divisors, y)
+            _add_rows(
+                sums,
+                first,
+                min(3, inside_end - first),
+                slots,
+                totals,
+                out_width,
+                zero,
+                first == inside_top,
+                first + 3 >= inside_end,
+                out,
+                out_at,
+                p,
+                p_kind,
+                row_divisors,
+                y,
+            )
     release(padded, sums, totals, row_divisors)
