@@ -355,26 +355,21 @@ def three_wide_step_two(typingctx, columns, target, base, count):
                 ],
             )
 
-        def short():
-            """count < lanes: two overlapping vectors of the widest half width that count
-            reaches, masked ones only under 16 outputs: a processor without AVX-512 takes
-            masked byte loads and stores apart lane by lane (uint8 3x3 s2 over rows of 112
-            bytes, 55 outputs, took 6 times as long)."""
-            with builder.if_else(
-                builder.icmp_unsigned(">=", count, ir.Constant(I64, lanes // 2))
-            ) as (half, less):
-                with half:
-                    store(ir.Constant(I64, 0), lanes // 2)
-                    store(builder.sub(count, ir.Constant(I64, lanes // 2)), lanes // 2)
-                with less:
-                    with builder.if_else(
-                        builder.icmp_unsigned(">=", count, ir.Constant(I64, lanes // 4))
-                    ) as (quarter, fewest):
-                        with quarter:
-                            store(ir.Constant(I64, 0), lanes // 4)
-                            store(builder.sub(count, ir.Constant(I64, lanes // 4)), lanes // 4)
-                        with fewest:
-                            masked()
+        def short(widths=(lanes // 2, lanes // 4)):
+            """count < lanes: two overlapping vectors of the widest of ``widths`` that
+            count reaches, masked ones only under the narrowest: a processor without
+            AVX-512 takes masked byte loads and stores apart lane by lane (uint8 3x3 s2
+            over rows of 112 bytes, 55 outputs, took 6 times as long)."""
+            if not widths:
+                masked()
+                return
+            width = ir.Constant(I64, widths[0])
+            with builder.if_else(builder.icmp_unsigned(">=", count, width)) as (enough, fewer):
+                with enough:
+                    store(ir.Constant(I64, 0), widths[0])
+                    store(builder.sub(count, width), widths[0])
+                with fewer:
+                    short(widths[1:])
 
         _last_vector(builder, count, whole, lanes, store, short)
         return context.get_dummy_value()
