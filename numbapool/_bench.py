@@ -712,31 +712,30 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"unknown case {unknown[0]!r}; known: {', '.join(CASES_BY_NAME)}")
         cases = [CASES_BY_NAME[name] for name in args.cases]
-    if args.scaling:
-        cores = describe_cores(pin_to_cores(args.threads))
-        numba.set_num_threads(args.threads)
-        print(scaling(args.threads, rounds, cores, cases if args.cases else SCALING_CASES))
-        return 0
     if args.busy:
         import os
 
-        cores = (
+        allowed = (
             os.sched_getaffinity(0)
             if hasattr(os, "sched_getaffinity")
             else range(os.cpu_count() or 1)
         )
-        outside = [core for core in args.busy if core not in cores]
+        outside = [core for core in args.busy if core not in allowed]
         if outside:
             parser.error(
                 f"--busy: core {outside[0]} is not one this process may use "
-                f"({', '.join(map(str, sorted(cores)))})"
+                f"({', '.join(map(str, sorted(allowed)))})"
             )
-        pinned = describe_cores(pin_to_cores(args.threads, first=args.busy))
-        numba.set_num_threads(args.threads)
-        print(under_load(args.threads, args.busy, rounds, cases, pinned))
-        return 0
-    cores = describe_cores(pin_to_cores(args.threads))
+    # every measurement below runs in this process, held to as many cores as threads (the
+    # busy cores among them)
+    cores = describe_cores(pin_to_cores(args.threads, first=args.busy or ()))
     numba.set_num_threads(args.threads)
+    if args.scaling:
+        print(scaling(args.threads, rounds, cores, cases if args.cases else SCALING_CASES))
+        return 0
+    if args.busy:
+        print(under_load(args.threads, args.busy, rounds, cases, cores))
+        return 0
     copy = stream_copy()
     rows = []
     for case in cases:
