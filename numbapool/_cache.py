@@ -26,19 +26,6 @@ except ImportError:  # Windows: saves go unlocked, as numba's own do
     fcntl = None
 
 KERNEL_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kernels")
-_KERNEL_MODULES = (
-    "maxima",
-    "indexed",
-    "sums",
-    "fixed",
-    "columns",
-    "planes",
-    "max_planes",
-    "wide",
-    "global_",
-    "unpool",
-    "parallel",
-)
 
 
 def _writable(path: str) -> str | None:
@@ -74,15 +61,24 @@ if CACHE_PROBLEM is not None:
     )
 
 
+def kernel_modules() -> set[str]:
+    """The modules of _kernels that hold cached kernels: each family's (choice.FAMILIES),
+    the parallel driver's and MaxUnpool's."""
+    from ._kernels import choice
+
+    return {family.module for family in choice.FAMILIES} | {"parallel", "unpool"}
+
+
 def cache_contents() -> dict[str, dict]:
     """Kernel name -> {"files": compiled objects on disk, "bytes": their size}. Objects of
     earlier numbapool or numba versions count until numba replaces them."""
     if CACHE_DIRECTORY is None or not os.path.isdir(CACHE_DIRECTORY):
         return {}
     contents: dict[str, dict] = {}
+    modules = kernel_modules()
     for entry in os.scandir(CACHE_DIRECTORY):
         module, _, rest = entry.name.partition(".")
-        if entry.name.endswith(".nbc") and module in _KERNEL_MODULES:
+        if entry.name.endswith(".nbc") and module in modules:
             kernel = contents.setdefault(f"{module}.{rest.split('-')[0]}", {"files": 0, "bytes": 0})
             kernel["files"] += 1
             kernel["bytes"] += entry.stat().st_size

@@ -127,7 +127,6 @@ class DispatchChoices:
 
     merged: object = UNDECIDED  # the plan of fewer axes that runs this one, or None
     serial: object = UNDECIDED  # whether a call is too small to wake the threads
-    special: object = UNDECIDED  # the specialized kernel and its arguments, or None
 
 
 @dataclass(frozen=True)
@@ -272,7 +271,7 @@ class WindowPlan:
         """Drop the launches and choices made so far: the next call decides again."""
         self.launches.clear()
         choices = self.choices
-        choices.merged = choices.serial = choices.special = UNDECIDED
+        choices.merged = choices.serial = UNDECIDED
 
     def _repr_html_(self) -> str:
         rows = [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
-import functools
 import multiprocessing
 import os
 import sys
@@ -40,125 +39,70 @@ def _choose(what: str, given, known: dict) -> list:
     return chosen
 
 
-def _windows():
-    """(kernel_shape, strides, pads, LpPool's values of p, sides of the inputs) reaching
-    every windowed kernel: the rank-generic ones (a padded 3x3 window; a window over one
-    axis at a step of 3 for AveragePool's windows of another width, LpPool's p = 2 and
-    MaxPool with Indices, which the row kernels take over two axes and, at steps of 1 and
-    2, over one), AveragePool's and LpPool's (p = 2) 3x3 windows over small planes
-    at strides 1 and 2 (planes.py: a plane of 64x64 is past the parallel threshold),
-    MaxPool's stride-1 windows over small planes (max_planes.py: the padded 3x3 window over
-    4x4 planes, a padded 5x5 one over 32x32 past the parallel threshold), each
-    of fixed.FIXED_WINDOWS, and MaxPool's input-rows-first kernels (columns.column_units),
-    one per kind of last-axis window (3-high windows: a 2x2 one would take a fixed window's
-    kernel), over two axes and over three (which fold whole planes first), the windows over
-    two axes also the wide windows (wide.py) at steps 1 and 2, and a window over
-    one axis at a step of 4 for the wide windows' step of 4. MaxPool with
-    Indices reaches the indexed kernel (indexed.py) through the 2-D windows at steps 1 and 2,
-    and the generic one through the window over one axis. LpPool
-    compiles per kind of p (|x|, x ** 2, |x| ** 3, any other p): each kind in the generic
-    and the fixed windows."""
-    from ._kernels import columns, fixed
+def _compilations(op: str, dtype: np.dtype) -> list:
+    """(family, kinds) of every kernel the dispatcher can choose for ``op`` and ``dtype``:
+    each family of choice.FAMILIES that serves ``op``, for each of its kinds."""
+    from ._kernels import choice
 
-    every_p = (1, 2, 3, 0.5)
-    sides = (4, 128)
-    yield [3, 3], [1, 1], [1, 1, 1, 1], every_p, sides
-    yield [4], [3], None, (2,), sides
-    yield [4], [4], None, (2,), sides
-    yield [3, 3], [1, 1], [1, 1, 1, 1], (2,), (64,)
-    yield [3, 3], [2, 2], [1, 1, 1, 1], (2,), (4, 64)
-    yield [5, 5], [1, 1], [2, 2, 2, 2], (), (4, 32)
-    for depth, height, width, step in fixed.FIXED_WINDOWS:
-        kernel = [height, width] if depth == 1 else [depth, height, width]
-        yield kernel, [1] * (len(kernel) - 1) + [step], None, every_p, sides
-    for width, step in columns.COLUMN_KINDS:
-        width, step = width or 4, step or 1  # (0, 0): a window outside COLUMN_WINDOWS
-        yield [3, width], [1, step], None, (2,), sides
-        yield [3, 3, width], [1, 1, step], None, (), sides
+    return [
+        (family, kinds)
+        for family in choice.FAMILIES
+        if op in family.ops
+        for kinds in family.kinds(op, dtype)
+    ]
 
 
-WINDOWED = ("MaxPool", "AveragePool", "LpPool")
-
-
-def _exercise(op: str, dtype: np.dtype, window: int | None = None) -> None:
-    """Call ``op`` on a small input and on one big enough for the parallel kernel (more
-    than 2**15 output-taps), which compiles both entry points of each kernel it reaches;
-    the global pools also on one thread (their serial entry point), GlobalLpPool for each
-    kind of p, and, for the sums, the kernels that numbapool.dask continues and finishes
-    them with. A windowed ``op`` with every window of ``_windows()`` on its inputs, or its
-    ``window``-th alone."""
+def _other_kernels(op: str, dtype: np.dtype) -> None:
+    """The kernels of ``op`` that no family holds: the parallel driver (one for every
+    kernel), the global sums' kernels that numbapool.dask continues and finishes them
+    with, and MaxUnpool's; each called on a small input or compiled by its signature."""
     import numbapool
 
     from . import _dispatch
+    from ._kernels import parallel
 
-    if op in WINDOWED:
-        for number, (kernel, strides, pads, lp_ps, sides) in enumerate(_windows()):
-            if window is not None and number != window:
-                continue
-            for side in sides:
-                # one axis: as many elements as a plane, to reach the parallel driver too;
-                # three: 32 a side is past its threshold already, and 128 a side (8 million
-                # elements) made a warm warmup of every dtype take four times as long
-                spatial = {1: (side * side,), 2: (side, side), 3: (min(side, 32),) * 3}[len(kernel)]
-                x = np.zeros((1, 4) + spatial, dtype=dtype)
-                if op == "MaxPool":
-                    numbapool.max_pool(x, kernel, strides=strides, pads=pads)
-                    numbapool.max_pool(x, kernel, strides=strides, pads=pads, return_indices=True)
-                elif op == "AveragePool":
-                    numbapool.average_pool(x, kernel, strides=strides, pads=pads)
-                else:
-                    for p in lp_ps:
-                        numbapool.lp_pool(x, kernel, strides=strides, pads=pads, p=p)
-        return
-    for side in (4, 128):
-        x = np.zeros((1, 4, side, side), dtype=dtype)
-        if op == "MaxUnpool":
-            # each 2x2 window's first element, as MaxPool's Indices would give for zeros (not
-            # computed by MaxPool: this task, the last, tells a warm cache from a cold one)
-            indices = np.arange(x.size, dtype=np.int64).reshape(x.shape)[:, :, ::2, ::2]
-            numbapool.max_unpool(x[:, :, ::2, ::2], indices, [2, 2], strides=[2, 2])
-            continue
-        # GlobalLpPool compiles per kind of p: |x| (p = 1), x ** 2 (2), |x| ** 3 (3), any other p
-        calls = {
-            "GlobalMaxPool": [numbapool.global_max_pool],
-            "GlobalAveragePool": [numbapool.global_average_pool],
-            "GlobalLpPool": [
-                functools.partial(numbapool.global_lp_pool, p=p) for p in (1, 2, 3, 0.5)
-            ],
-        }[op]
-        for call in calls:
-            call(x)
-            with numbapool.threads(1):
-                call(x)
-        if op != "GlobalMaxPool":
+    if parallel.ready_driver() is None:  # compiling on a thread of its own
+        parallel.wait_for_drivers()
+    if op in ("GlobalAveragePool", "GlobalLpPool"):
+        x = np.zeros((1, 4, 2, 2), dtype=dtype)
+        for p in (1, 2, 3, 0.5) if op == "GlobalLpPool" else (2,):
             sums = _dispatch.start_global_sums(op, 4, dtype)
-            sums = _dispatch.continue_global_sums(op, x, dtype, sums)
-            _dispatch.finish_global_sums(op, sums, dtype, (1, 4, 1, 1))
+            sums = _dispatch.continue_global_sums(op, x, dtype, sums, p)
+            _dispatch.finish_global_sums(op, sums, dtype, (1, 4, 1, 1), p)
+    if op == "MaxUnpool":
+        # each 2x2 window's first element, as MaxPool's Indices would give
+        x = np.zeros((1, 1, 2, 2), dtype=dtype)
+        indices = np.array([0, 2, 8, 10], dtype=np.int64).reshape(x.shape)
+        numbapool.max_unpool(x, indices, [2, 2], strides=[2, 2])
 
 
 def _tasks(pairs: list) -> list:
-    """(op, dtype name, window) for each pair: a windowed operator's windows one by one,
-    so that workers share out one operator's kernels too. In turn across the dtypes, window
-    by window: tasks that run at once are then of different dtypes where there are several,
-    and do not compile at once the kernels one dtype's windows share (each window's
-    MaxPool with Indices, say), which both workers would do on an empty cache."""
-    windows = range(len(list(_windows())))
+    """(op, dtype name, number) for each pair: number None for the op's kernels no family
+    holds (_other_kernels), then each of _compilations' in turn. In turn across the dtypes,
+    kernel by kernel: tasks that run at once are then of different dtypes where there are
+    several, and do not compile the same kernel at once."""
     tasks = []
     for op in dict.fromkeys(op for op, _ in pairs):
         names = [name for pair_op, name in pairs if pair_op == op]
-        for window in windows if op in WINDOWED else [None]:
-            tasks += [(op, name, window) for name in names]
+        counts = {name: len(_compilations(op, DTYPE_NAMES[name])) for name in names}
+        tasks += [(op, name, None) for name in names]
+        for number in range(max(counts.values())):
+            tasks += [(op, name, number) for name in names if number < counts[name]]
     return tasks
 
 
-def _exercise_task(op: str, name: str, window: int | None) -> None:
-    """_exercise of a task, its dtype by name (picklable, for a worker process), and the
-    parallel drivers it started compiling in the background, done."""
-    from ._kernels import collector_paused, parallel
+def _exercise_task(op: str, name: str, number: int | None) -> None:
+    """Compile (or load) a task's kernel, its dtype by name (picklable, for a worker
+    process): the number-th of _compilations by its signature, or _other_kernels."""
+    from ._kernels import collector_paused
 
-    with collector_paused():  # its drivers too, compiled in the background meanwhile
-        _exercise(op, DTYPE_NAMES[name], window)
-        parallel.wait_for_drivers()
+    dtype = DTYPE_NAMES[name]
+    with collector_paused():
+        if number is None:
+            _other_kernels(op, dtype)
+        else:
+            family, kinds = _compilations(op, dtype)[number]
+            family.entry_point(kinds).compile_types(family.argument_types(op, dtype))
 
 
 # Default workers at most: each holds numba and LLVM, about 350 MB compiling MaxPool
@@ -321,9 +265,9 @@ def warmup(
         total=len(tasks), desc="numbapool warmup", unit="task", disable=not progress
     )
     with bar:
-        # The last task here first (the cheapest: MaxUnpool, the global pools and the last
-        # windows come last): if no kernel compiled for it, the cache is warm, and workers
-        # would only add their own start (a second or more each).
+        # The last task here first (one kernel; MaxUnpool's alone where it is chosen): if
+        # no kernel compiled for it, the cache is warm, and workers would only add their
+        # own start (a second or more each).
         if tasks and _compiled_here(tasks[-1], bar) and workers > 1:
             _compile_in_workers(tasks[:-1], workers, bar, load)
         else:

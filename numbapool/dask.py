@@ -40,6 +40,7 @@ import numpy as np
 import numbapool
 
 from . import _dispatch, _plan, _threads
+from ._kernels.family import lowest_value, storage_dtype
 
 __all__ = [
     "average_pool",
@@ -133,8 +134,8 @@ def _empty_window_value(plan: _plan.WindowPlan):
     """What a window with no tap inside the input gives (docs/semantics.md)."""
     if plan.op != "MaxPool":
         return np.zeros((), plan.dtype)
-    storage = _dispatch.storage_dtype(plan.dtype)
-    return np.array(_dispatch.lowest_value(plan.dtype), dtype=storage).view(plan.dtype)
+    storage = storage_dtype(plan.dtype)
+    return np.array(lowest_value(plan.dtype), dtype=storage).view(plan.dtype)
 
 
 def _windowed(

@@ -48,7 +48,7 @@ def test_warmup_command_compiles_with_a_progress_bar_when_asked():
     )
     assert result.returncode == 0, result.stderr
     assert "2 operator and dtype pairs ready" in result.stdout
-    assert "numbapool warmup" in result.stderr and "2/2" in result.stderr
+    assert "numbapool warmup" in result.stderr and "4/4" in result.stderr  # 2 tasks a dtype
 
 
 def test_warmup_command_draws_no_bar_into_a_log():
@@ -74,11 +74,11 @@ def test_warmup_skips_dtypes_an_operator_does_not_allow(monkeypatch):
     # what warmup chooses to exercise, not the compiling itself (other tests do that)
     exercised = []
     monkeypatch.setattr(
-        _warmup, "_exercise", lambda op, dtype, window=None: exercised.append((op, dtype))
+        _warmup, "_exercise_task", lambda op, name, number: exercised.append((op, name))
     )
     done = numbapool.warmup(["AveragePool", "MaxPool"], ["uint8"], progress=False, processes=1)
     assert done == [("MaxPool", "uint8")]
-    assert set(exercised) == {("MaxPool", np.dtype(np.uint8))}
+    assert set(exercised) == {("MaxPool", "uint8")}
     with pytest.raises(ValueError, match="'float128'"):
         numbapool.warmup(["MaxPool"], ["float128"])
     for processes in (0, -2, 1.5, "2", True):
@@ -138,74 +138,61 @@ def test_console_script_is_installed():
     assert json.loads(result.stdout)["numbapool"] == numbapool.__version__
 
 
-def test_warmup_reaches_every_windowed_kernel():
-    # in a fresh process: whatever warmup leaves uncompiled shows as a kernel without a
-    # compiled signature
+def test_warmup_compiles_every_family_kind():
+    # in a fresh process: warmup compiles each family's kinds by signature; then every
+    # family's examples, and a call at a parallel size, compile nothing more
     script = (
-        "import numbapool\n"
-        "from numbapool._kernels import (columns, fixed, indexed, max_planes, maxima,\n"
-        "                                planes, sums, wide)\n"
-        "numbapool.warmup(['MaxPool', 'AveragePool', 'LpPool'], ['float32'],\n"
-        "                 progress=False)\n"
-        "from numbapool._kernels import parallel\n"
-        "kernels = [maxima.max_pool_units_with_indices, parallel.run_in_parallel]\n"
-        "missing = sorted(k.py_func.__name__ for k in kernels if not k.signatures)\n"
-        "# a kernel specialized per kind: a signature ending with each kind's literals\n"
-        "from numbapool._kernels.entry import EntryPoint\n"
-        "# (float32: zeros and NaNs are retaken, check_ties; no vector_fold)\n"
-        "entries = [EntryPoint(columns.column_units, (width, step, True, False, planes))\n"
-        "           for width, step in columns.COLUMN_KINDS for planes in (False, True)]\n"
-        "# AveragePool's kind of p, its windows 3 taps wide and the others; LpPool's\n"
-        "entries += [EntryPoint(sums.sum_pool_units, (0, three)) for three in (False, True)]\n"
-        "entries += [EntryPoint(sums.sum_pool_units, (p, False)) for p in range(1, 5)]\n"
-        "entries += [EntryPoint(planes.plane_sum_units, (p, step)) for p in (0, 2)\n"
-        "            for step in (1, 2)]\n"
-        "entries += [EntryPoint(wide.wide_sum_units, (p, step)) for p in (0, 2)\n"
-        "            for step in wide.COLUMN_STEPS]\n"
-        "entries += [EntryPoint(indexed.indexed_max_units, (step,)) for step in (1, 2)]\n"
-        "entries += [EntryPoint(max_planes.max_plane_units, (True,))]\n"
-        "for max_units, sum_units in fixed.FIXED_WINDOWS.values():\n"
-        "    entries += [max_units, *sum_units]  # MaxPool's, each kind of p's\n"
-        "for entry in entries:\n"
-        "    kinds = [tuple(getattr(t, 'literal_value', None) for t in s[-len(entry.kinds):])\n"
-        "             for s in entry.kernel.signatures]\n"
-        "    if entry.kinds not in kinds:\n"
-        "        missing.append((entry.kernel.py_func.__name__, entry.kinds))\n"
-        "# AveragePool's 3x3 over small planes and its wide windows, MaxPool with\n"
-        "# Indices over 2-D windows and without over small planes, at a parallel size:\n"
-        "# their drivers too\n"
         "import numpy as np\n"
+        "import numbapool\n"
         "from numba.core import event\n"
+        "from numba import types\n"
+        "from numbapool import _warmup\n"
+        "from numbapool._kernels import choice, parallel\n"
+        "ops = ['MaxPool', 'AveragePool', 'LpPool', 'GlobalMaxPool', 'GlobalAveragePool',\n"
+        "       'GlobalLpPool']\n"
+        "numbapool.warmup(ops, ['float32'], progress=False)\n"
+        "dtype = np.dtype(np.float32)\n"
+        "missing = []\n"
+        "for op in ops:\n"
+        "    for family, kinds in _warmup._compilations(op, dtype):\n"
+        "        literals = tuple(types.literal(kind) for kind in kinds)\n"
+        "        if not any(s[len(s) - len(kinds):] == literals\n"
+        "                   for s in family.entry.signatures):\n"
+        "            missing.append((family.name, kinds))\n"
+        "calls = {'MaxPool': numbapool.max_pool, 'AveragePool': numbapool.average_pool,\n"
+        "         'LpPool': numbapool.lp_pool, 'GlobalMaxPool': numbapool.global_max_pool,\n"
+        "         'GlobalAveragePool': numbapool.global_average_pool,\n"
+        "         'GlobalLpPool': numbapool.global_lp_pool}\n"
         "with event.install_recorder('numba:compile') as compiles:\n"
-        "    for step in (1, 2):\n"
-        "        x = np.ones((1, 4, 64, 64), np.float32)\n"
-        "        numbapool.average_pool(x, [3, 3], strides=[step, step], pads=[1, 1, 1, 1])\n"
-        "        numbapool.average_pool(x, [5, 5], strides=[step, step])\n"
-        "        numbapool.max_pool(x, [3, 3], strides=[step, step], return_indices=True)\n"
-        "    numbapool.max_pool(np.ones((1, 4, 32, 32), np.float32), [5, 5], pads=[2] * 4)\n"
+        "    for family in choice.FAMILIES:\n"
+        "        for op, shape, attrs in family.examples:\n"
+        "            kwargs = {'return_indices': True} if family.indices else {}\n"
+        "            calls[op](np.ones(shape, dtype), **attrs, **kwargs)\n"
+        "    numbapool.max_pool(np.ones((2, 16, 64, 64), dtype), [3, 3], strides=[2, 2])\n"
         "    parallel.wait_for_drivers()\n"
         "missing += [e.data['dispatcher'].py_func.__name__ for _, e in compiles.buffer]\n"
         "print(missing)\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=900
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
 
 def test_warmup_tasks_take_the_dtypes_in_turn():
-    # two workers on consecutive tasks then never compile one dtype's shared kernels (the
-    # MaxPool with Indices every window calls) at once; every task is there once
+    # two workers on consecutive tasks then never compile one kernel at once; every task
+    # is there once: each op's kernels no family holds, then each family kind
     pairs = [("MaxPool", "float16"), ("MaxPool", "float32"), ("MaxUnpool", "float32")]
     tasks = _warmup._tasks(pairs)
-    windows = len(list(_warmup._windows()))
-    assert len(tasks) == len(set(tasks)) == 2 * windows + 1
+    kernels = len(_warmup._compilations("MaxPool", np.dtype(np.float32)))
+    assert kernels == len(_warmup._compilations("MaxPool", np.dtype(np.float16)))
+    assert len(tasks) == len(set(tasks)) == 2 * kernels + 3
     assert tasks[:4] == [
+        ("MaxPool", "float16", None),
+        ("MaxPool", "float32", None),
         ("MaxPool", "float16", 0),
         ("MaxPool", "float32", 0),
-        ("MaxPool", "float16", 1),
-        ("MaxPool", "float32", 1),
     ]
     assert tasks[-1] == ("MaxUnpool", "float32", None)
 
@@ -214,16 +201,16 @@ _FAILING_TASK = """
 import multiprocessing
 
 import numbapool._warmup as warmup
-exercise = warmup._exercise
+exercise = warmup._exercise_task
 
 
-def fail_on_float32(op, dtype, window=None):
-    if dtype == "float32" and multiprocessing.parent_process() is not None:
+def fail_on_float32(op, name, number):
+    if name == "float32" and multiprocessing.parent_process() is not None:
         raise RuntimeError("a task failed in a worker")
-    return exercise(op, dtype, window)
+    return exercise(op, name, number)
 
 
-warmup._exercise = fail_on_float32
+warmup._exercise_task = fail_on_float32
 """
 
 

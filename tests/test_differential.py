@@ -5,6 +5,7 @@ Every operator, every attribute, ranks 1 to 4, every dtype, ties, NaN and empty 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from unittest import mock
 
@@ -16,6 +17,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import numbapool
+from numbapool import _plan
+from numbapool._kernels import columns, indexed, max_planes, planes, wide
 
 FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
 INTS = [np.int8, np.uint8]
@@ -189,26 +192,40 @@ def _assert_same_sums(got, generic):
     assert got[~nan].tobytes() == generic[~nan].tobytes()
 
 
-def _generic_result(function, x, attrs, plan, *patches):
-    """``function(x, **attrs)`` with each (target, name, value) of ``patches`` set, to turn
-    the specialized kernels away: the plan's launches (which hold the kernel chosen) are
-    made again for the call, which must run the rank-generic summing kernel or MaxPool's
-    columns, and after it."""
-    from contextlib import ExitStack
-    from unittest import mock
+def _forget_launches(plan):
+    """Drop the launches of ``plan`` and of the plan of fewer axes that runs it, which
+    hold the kernels chosen."""
+    merged = plan.choices.merged
+    plan.forget_launches()
+    if isinstance(merged, _plan.WindowPlan):
+        merged.forget_launches()
 
-    with ExitStack() as stack:
-        for target, name, value in patches:
-            stack.enter_context(mock.patch.object(target, name, value))
-        plan.forget_launches()
-        try:
-            result = function(x, **attrs)
-            assert {launch.entry.kernel.__name__ for launch in plan.launches.values()} <= {
-                "sum_pool_units",
-                "column_units",
-            }
-        finally:
-            plan.forget_launches()
+
+@contextlib.contextmanager
+def _families_turned_away(plan, *families):
+    """The dispatcher choosing among choice.FAMILIES without ``families``, for ``plan``:
+    its launches are made again inside the block, and after it."""
+    from numbapool._kernels import choice
+
+    kept = tuple(family for family in choice.FAMILIES if family not in families)
+    _forget_launches(plan)
+    try:
+        with mock.patch.object(choice, "FAMILIES", kept):
+            yield
+    finally:
+        _forget_launches(plan)
+
+
+def _generic_result(function, x, attrs, plan, *families):
+    """``function(x, **attrs)`` with ``families`` turned away (_families_turned_away): the
+    call must then run the rank-generic summing kernel or MaxPool's columns."""
+    with _families_turned_away(plan, *families):
+        result = function(x, **attrs)
+        launches = list(plan.launches.values())
+        assert {launch.entry.kernel.__name__ for launch in launches} <= {
+            "sum_pool_units",
+            "column_units",
+        }
     return result
 
 
@@ -476,7 +493,7 @@ def test_fixed_window_kernels(data):
     MaxPool, AveragePool and every kind of LpPool's p: the reference's values, and the bits
     of the rank-generic kernels (MaxPool's: the columns kernel)."""
     from numbapool import _dispatch
-    from numbapool._kernels import fixed
+    from numbapool._kernels import fixed, wide
 
     x = data.draw(inputs(FLOATS + INTS))
     assume(x.ndim in (4, 5))
@@ -506,16 +523,9 @@ def test_fixed_window_kernels(data):
         return
     got = function(x, **attrs)
     plan = numbapool.plan(op, x.shape, x.dtype, **attrs)
-    special = _dispatch._specialized(plan)
-    max_units, sum_units = fixed.FIXED_WINDOWS[(1, 2, 2, 2)]
-    assert special is not None and special[0] in (max_units, *sum_units)
+    assert _dispatch._launch(plan, 1).entry.kernel in (fixed.fixed_max_units, fixed.fixed_sum_units)
     generic = _generic_result(
-        function,
-        x,
-        attrs,
-        plan,
-        (fixed, "FIXED_WINDOWS", {}),
-        (_dispatch, "_wide_window", lambda plan: False),
+        function, x, attrs, plan, fixed.MAX_FAMILY, fixed.SUM_FAMILY, wide.FAMILY
     )
     if op == "MaxPool":  # the winning element itself
         assert got.tobytes() == generic.tobytes()
@@ -537,11 +547,10 @@ def _on_two_threads(plan, call):
         return result, _dispatch._launch(plan, threads)
 
 
-def _check_row_kernel(op, x, attrs, entries, *choosers):
-    """AveragePool or LpPool on two threads through the kernels of ``_dispatch.<entries>``
-    (a kernel whose units are whole output rows): the reference's values, and the bits of
-    the generic kernel, run with each ``_dispatch.<chooser>`` turning its kernel away."""
-    from numbapool import _dispatch
+def _check_row_kernel(op, x, attrs, family, *away):
+    """AveragePool or LpPool on two threads through ``family``'s kernel (whose units are
+    whole output rows): the reference's values, and the bits of the generic kernel, run
+    with the families ``away`` turned away."""
 
     function = {"AveragePool": numbapool.average_pool, "LpPool": numbapool.lp_pool}[op]
     expected = _expected_or_same_error(op, function, x, attrs)
@@ -549,15 +558,9 @@ def _check_row_kernel(op, x, attrs, entries, *choosers):
         return
     plan = numbapool.plan(op, x.shape, x.dtype, **attrs)
     got, launch = _on_two_threads(plan, lambda: function(x, **attrs))
-    assert launch.entry in getattr(_dispatch, entries).values()
+    assert launch.entry.kernel is family.entry
     with numbapool.threads(2):
-        generic = _generic_result(
-            function,
-            x,
-            attrs,
-            plan,
-            *((_dispatch, chooser, lambda plan: False) for chooser in choosers),
-        )
+        generic = _generic_result(function, x, attrs, plan, *away)
     _assert_same_sums(got, generic)
     # LpPool adds in float64: its reference's tolerance alone
     accumulation = _average_accumulation(x, attrs) if op == "AveragePool" else 0.0
@@ -590,7 +593,7 @@ def test_plane_kernel(data):
         attrs["count_include_pad"] = data.draw(st.integers(0, 1))
     else:
         attrs["p"] = 2
-    _check_row_kernel(op, x, attrs, "_PLANE_SUMS", "_plane_window", "_wide_window")
+    _check_row_kernel(op, x, attrs, planes.FAMILY, planes.FAMILY, wide.FAMILY)
 
 
 @pytest.mark.parametrize("op", ["AveragePool", "LpPool"])
@@ -606,7 +609,7 @@ def test_plane_kernel_runs(op, step):
     attrs = dict(kernel_shape=[3, 3], strides=[step, step], pads=[1, 0, 0, 1])
     if op == "LpPool":
         attrs["p"] = 2
-    _check_row_kernel(op, x, attrs, "_PLANE_SUMS", "_plane_window", "_wide_window")
+    _check_row_kernel(op, x, attrs, planes.FAMILY, planes.FAMILY, wide.FAMILY)
 
 
 @SETTINGS
@@ -648,7 +651,7 @@ def test_wide_window_kernel(data):
     assume(
         op == "AveragePool" or kernel_shape != [3, 3] or max(strides) > 2 or max(attrs["pads"]) > 1
     )
-    _check_row_kernel(op, x, attrs, "_WIDE_SUMS", "_wide_window")
+    _check_row_kernel(op, x, attrs, wide.FAMILY, wide.FAMILY)
 
 
 # Bit patterns per float dtype: +0, -0, two different NaNs, -1, 1, -inf. Which zero and which
@@ -695,7 +698,6 @@ def test_indexed_kernel(data):
     elements (indexed.indexed_max_units): the reference's elements bit for bit and its
     Indices, whatever the pads and the storage order, over ties of zeros of both signs and
     NaNs of two kinds."""
-    from numbapool import _dispatch
 
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS + INTS)))
     rank = data.draw(st.integers(1, 2))
@@ -721,7 +723,7 @@ def test_indexed_kernel(data):
     (y, indices), launch = _on_two_threads(
         plan, lambda: numbapool.max_pool(x, return_indices=True, **attrs)
     )
-    assert launch.indices_arguments[0] in _dispatch._INDEXED_MAX.values()
+    assert launch.indices_arguments[0].kernel is indexed.indexed_max_units
     assert y.tobytes() == expected[0].tobytes()
     np.testing.assert_array_equal(indices, expected[1])
 
@@ -733,7 +735,6 @@ def test_max_plane_kernel(data):
     of a plane's rows at once (max_planes.max_plane_units), a column-major scan of each
     window: the reference's elements bit for bit, over ties of zeros of both signs and
     NaNs of two kinds, whatever the dilations and pads, on two threads."""
-    from numbapool import _dispatch
 
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS + INTS)))
     # channels enough that the output rows are whole units on two threads (_work_split)
@@ -758,7 +759,7 @@ def test_max_plane_kernel(data):
         return
     plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
     got, launch = _on_two_threads(plan, lambda x=x: numbapool.max_pool(x, **attrs))
-    assert launch.entry in _dispatch._MAX_PLANES.values()
+    assert launch.entry.kernel is max_planes.max_plane_units
     assert got.tobytes() == expected[0].tobytes()
 
 
@@ -770,7 +771,7 @@ def test_max_pool_columns_kernel(data):
     NaN differs from the row-major one, the row-major one must be what comes out, bit for
     bit. 2-D windows at strides of 1, which small planes take to max_planes.py, are turned
     away from it here."""
-    from numbapool import _dispatch, _plan
+    from numbapool import _dispatch
 
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
     rank = data.draw(st.integers(2, 4))
@@ -786,42 +787,36 @@ def test_max_pool_columns_kernel(data):
     if expected is None:
         return
     plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
-    plan.forget_launches()
-    with mock.patch.object(_dispatch, "_max_plane_window", lambda plan: False):
+    with _families_turned_away(plan, max_planes.FAMILY):
         # the columns kernel's MaxPool, for the plan the call runs: its window's leading
         # single taps merged into the channels (1x1x2x2 at strides 1, 1, 1, 2 runs as 2x2
         # at strides 1, 2: the fixed kernel's)
-        assume(_dispatch._specialized(_plan.channels_merged_plan(plan)) is None)
-        plan.forget_launches()
-        got = _generic_result(
-            numbapool.max_pool, x, attrs, plan, (_dispatch, "_max_plane_window", lambda plan: False)
-        )
+        assume(_dispatch._launch(plan, 1).entry.kernel is columns.column_units)
+    got = _generic_result(numbapool.max_pool, x, attrs, plan, max_planes.FAMILY)
     assert got.tobytes() == expected[0].tobytes()
 
 
 @pytest.mark.parametrize(
-    "shape, attrs, entries",
+    "shape, attrs, kernel",
     [
-        ((2, 8, 9, 11), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4), "columns"),
-        ((2, 8, 9, 11), dict(kernel_shape=[3, 3], pads=[1] * 4), "_MAX_PLANES"),
+        ((2, 8, 9, 11), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4), "column_units"),
+        ((2, 8, 9, 11), dict(kernel_shape=[3, 3], pads=[1] * 4), "max_plane_units"),
         (
             (2, 8, 7, 9, 11),
             dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2], pads=[1] * 6),
-            "columns",
+            "column_units",
         ),
-        ((2, 8, 40), dict(kernel_shape=[3], pads=[1, 1]), "columns"),
+        ((2, 8, 40), dict(kernel_shape=[3], pads=[1, 1]), "column_units"),
     ],
 )
 @pytest.mark.parametrize("zeros", [[0.0], [-0.0], [0.0, -0.0]])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_max_pool_windows_of_zeros(shape, attrs, entries, zeros, dtype):
+def test_max_pool_windows_of_zeros(shape, attrs, kernel, zeros, dtype):
     """Windows whose maximum is a zero, many of them, as after a ReLU: the kernels that scan
     a window column by column take a zero output again in row-major order only where a -0
     or a NaN is found (max_vectors.rows_hold_negative_zero_or_nan) in its column maxima (the
     columns kernel; over folded planes, its input rows) or its plane (small planes). With
     zeros of one sign, of the other, or of both, on two threads: the reference's bits."""
-    from numbapool import _dispatch
-    from numbapool._kernels import columns
 
     rng = np.random.default_rng(len(zeros) * 10 + len(shape))
     values = np.array(zeros + [-1.0, -np.inf, 2.5])
@@ -830,10 +825,7 @@ def test_max_pool_windows_of_zeros(shape, attrs, entries, zeros, dtype):
     expected, _ = reference.pool("MaxPool", x, **attrs)
     plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
     got, launch = _on_two_threads(plan, lambda x=x: numbapool.max_pool(x, **attrs))
-    if entries == "columns":
-        assert launch.entry.kernel is columns.column_units
-    else:
-        assert launch.entry in getattr(_dispatch, entries).values()
+    assert launch.entry.kernel.__name__ == kernel
     assert (expected == 0).sum() > expected.size // 4  # many windows of zeros
     assert got.tobytes() == expected.tobytes()
 
@@ -975,7 +967,7 @@ def test_rows_hold_negative_zero_or_nan(dtype):
     numpy's own isnan and sign bit of the float values."""
     from numba import njit
 
-    from numbapool._dispatch import storage_dtype
+    from numbapool._kernels.family import storage_dtype
     from numbapool._kernels.max_vectors import rows_hold_negative_zero_or_nan
 
     @njit

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -122,23 +124,12 @@ def _kernel_signatures() -> dict:
     """Every numbapool kernel and driver: the signatures it has compiled or loaded."""
     import numba
 
-    from numbapool import _kernels
-    from numbapool._kernels import columns, fixed, global_, maxima, parallel, planes, sums, unpool
+    from numbapool import _cache
 
-    modules = (columns, fixed, global_, maxima, parallel, planes, sums, unpool)
-    assert {m.__name__ for m in modules} >= {
-        f"{_kernels.__name__}.{name}"
-        for name in (
-            "columns",
-            "fixed",
-            "global_",
-            "maxima",
-            "parallel",
-            "planes",
-            "sums",
-            "unpool",
-        )
-    }
+    modules = [
+        importlib.import_module(f"numbapool._kernels.{name}")
+        for name in sorted(_cache.kernel_modules())
+    ]
     return {
         (module.__name__, name): list(value.signatures)
         for module in modules

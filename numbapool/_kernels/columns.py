@@ -1,6 +1,6 @@
 """MaxPool without Indices taken input rows first, per kind of last-axis window.
 
-_dispatch chooses it for MaxPool without Indices but the fixed windows, over any number of
+It serves MaxPool without Indices but the fixed windows, over any number of
 spatial axes. A window's input rows are folded element by element into one row of column
 maxima (contiguous loads, which vectorize), then the last-axis taps are taken once per output
 row; with three or more axes, the outer axes' taps are first folded over whole input planes
@@ -25,6 +25,7 @@ from .._plan import (
 )
 from . import kernel
 from .codec import decode
+from .family import Family
 from .max_vectors import (
     row_fold_first,
     row_fold_more,
@@ -444,3 +445,34 @@ def column_units(
         plane_state,
         plane_starts,
     )
+
+
+def _serves(request):
+    """Every MaxPool without Indices: (width, step) of column_kind, check_ties (zeros and
+    NaNs, which int8 and uint8 lack, are taken again), vector_fold (8- and 16-bit elements)
+    and fold_planes (folds_planes, for this split's shortest run of units)."""
+    plan, split = request
+    return (
+        *column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1]),
+        plan.dtype.kind not in "iu",
+        plan.dtype.itemsize <= 2,
+        folds_planes(plan.spatial_in, plan.out_shape[2:], split.block, split.run_units()),
+    )
+
+
+FAMILY = Family(
+    column_units,
+    ops=("MaxPool",),
+    serves=_serves,
+    kinds=lambda op, dtype: tuple(
+        (width, step, dtype.kind not in "iu", dtype.itemsize <= 2, fold_planes)
+        for width, step in COLUMN_KINDS
+        for fold_planes in (False, True)
+    ),
+    arguments=("lowest", "axes", "taps", "tap_offsets", "block"),
+    examples=(
+        ("MaxPool", (2, 8, 9, 11), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+        ("MaxPool", (2, 8, 7, 9, 11), dict(kernel_shape=[3, 3, 3], strides=[2, 2, 2])),
+        ("MaxPool", (2, 8, 30), dict(kernel_shape=[4], strides=[1])),
+    ),
+)

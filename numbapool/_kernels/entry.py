@@ -43,11 +43,18 @@ class EntryPoint(NamedTuple):
         The inputs are compiled as read-only arrays whatever their flags (a flag is part of
         an array's numba type, not of its layout), so that one compilation serves writable
         and read-only inputs."""
-        _numba.check_runtime()
         given = [
             _numba.argument_type(self.kernel, a)
             for a in arguments[: len(arguments) - len(self.kinds)]
         ]
+        return self.compile_types(tuple(given))
+
+    def compile_types(self, argument_types: tuple) -> Compiled:
+        """The kernel compiled (or loaded) for arguments of ``argument_types`` (the kinds'
+        left out): what ``compile`` does for arguments of those types, without them
+        (warmup compiles so)."""
+        _numba.check_runtime()
+        given = list(argument_types)
         given[: self.inputs] = [array.copy(readonly=True) for array in given[: self.inputs]]
         signature = (
             (types.int64, types.int64)

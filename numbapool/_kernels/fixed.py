@@ -1,10 +1,8 @@
 """Fixed windows: MaxPool (without Indices), AveragePool and LpPool for a window whose size and
 last-axis step are compile-time constants.
 
-_dispatch chooses these for the windows in FIXED_WINDOWS: only the 2x2 stride-2 window,
-measured 2 to 4 times faster than the generic kernels for every dtype (at 3x3 the generic
-kernels' reuse of input-row results won for float64, uint8 and stride 1, and 3x3x3 lost);
-for LpPool 1.1 to 5 times (the more, the cheaper the root: p = 1 and 2 most, p other than
+They serve the windows in FIXED_WINDOWS, where they measured faster than the generic
+kernels; for LpPool 1.1 to 5 times (the more, the cheaper the root: p = 1 and 2 most, p other than
 1, 2 and 3 least, its root a pow()).
 An output's taps unroll into one loop over the outputs of a row, the running maximum or sum
 stays in a register, and the loads vectorize. Outputs whose window leaves the input take
@@ -17,7 +15,7 @@ from numba import njit
 from .._plan import AXIS_IN, AXIS_PAD_BEGIN, AXIS_STRIDE
 from . import kernel
 from .codec import as_accumulator, encode
-from .entry import EntryPoint
+from .family import Family, p_kind
 from .maxima import border_max, fold_max
 from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead
 from .scratch import release
@@ -252,19 +250,47 @@ def fixed_sum_units(
     release(queue, starts, positions)
 
 
-def fixed_window_kernels(depth, height, width, step):
-    """(MaxPool's entry point, the summing entry points per p_kind: AveragePool's at 0,
-    LpPool's at 1 to 4) for a depth x height x width window (depth 1: a 2-D window) with no
-    dilation, and this last-axis step, each compiled for its own kinds (entry.py)."""
-    window = (depth, height, width, step)
-    return (
-        EntryPoint(fixed_max_units, window),
-        tuple(EntryPoint(fixed_sum_units, window + (p_kind,)) for p_kind in range(5)),
-    )
+# The windows served, as (depth, height, width, last-axis step): only where measured
+# faster than the rank-generic kernels, the 2x2 stride-2 window, for every dtype, 2 to 4
+# times. At 3x3 the generic kernels' reuse of input-row results wins for float64 and uint8
+# and for stride 1, and 3x3x3 loses outright.
+FIXED_WINDOWS = ((1, 2, 2, 2),)
 
 
-# (depth, height, width, last-axis step) -> kernels; compiled on first use, like the rest.
-# Only where measured faster than the rank-generic kernels (docs/performance.md): the 2x2
-# stride-2 window, for every dtype, 2 to 4 times. At 3x3 the generic kernels' reuse of
-# input-row results wins for float64 and uint8 and for stride 1, and 3x3x3 loses outright.
-FIXED_WINDOWS = {key: fixed_window_kernels(*key) for key in [(1, 2, 2, 2)]}
+def _window(request):
+    """The window's (depth, height, width, step) if FIXED_WINDOWS has it (depth 1: a 2-D
+    window), else None."""
+    plan = request.plan
+    rank = len(plan.kernel_shape)
+    if rank not in (2, 3) or set(plan.dilations) != {1}:
+        return None
+    window = (1,) * (3 - rank) + plan.kernel_shape + (plan.strides[-1],)
+    return window if window in FIXED_WINDOWS else None
+
+
+def _sum_kinds(request):
+    window = _window(request)
+    return None if window is None else window + (p_kind(request.op, request.p),)
+
+
+_EXAMPLE = ((2, 8, 10, 12), dict(kernel_shape=[2, 2], strides=[2, 2]))
+MAX_FAMILY = Family(
+    fixed_max_units,
+    ops=("MaxPool",),
+    serves=_window,
+    kinds=lambda op, dtype: FIXED_WINDOWS,
+    arguments=("lowest", "axes", "taps", "tap_offsets", "block"),
+    examples=(("MaxPool", *_EXAMPLE),),
+)
+SUM_FAMILY = Family(
+    fixed_sum_units,
+    ops=("AveragePool", "LpPool"),
+    serves=_sum_kinds,
+    kinds=lambda op, dtype: tuple(
+        window + (kind,)
+        for window in FIXED_WINDOWS
+        for kind in ((0,) if op == "AveragePool" else range(1, 5))
+    ),
+    arguments=("p", "zero", "axes", "taps", "tap_offsets", "divisor_counts", "block"),
+    examples=(("AveragePool", *_EXAMPLE), ("LpPool", _EXAMPLE[0], dict(_EXAMPLE[1], p=3))),
+)

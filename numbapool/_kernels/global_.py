@@ -17,7 +17,7 @@ from numba.extending import overload
 
 from . import kernel
 from .codec import decode, encode
-from .entry import EntryPoint
+from .family import Family, p_kind
 from .global_vectors import LANES, add_to_lanes, block_sum, vector_float_max, vector_key_max
 from .maxima import fold_max
 from .prefetch import prefetch_ahead
@@ -124,19 +124,6 @@ def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, s
             y[nc] = channel_max(flat, base, size)
 
 
-def global_sum_entry(p_kind, narrow):
-    """The serial entry point of GlobalLpPool (p_kind 1 to 4: |x|, x ** 2, |x| ** 3,
-    |x| ** p), and of GlobalAveragePool (p_kind 0) in order (narrower results than float64
-    take block_sum_units), compiled for its own kind (entry.py): for LpPool results
-    ``narrow``er than float64 and p_kind up to 2, reordered_units, whose proof is the
-    roots'; else global_sum_units (float64 results would need the exact sum, no gain;
-    p_kind 3's root is not monotonic). Chosen here, not by a branch in the kernel, which
-    compiled the other kernel's loops too."""
-    return EntryPoint(
-        reordered_units if narrow and 1 <= p_kind <= 2 else global_sum_units, (p_kind,)
-    )
-
-
 @njit(inline="always")
 def _group_sums(flat, base, size, totals, p, p_kind):
     for i in range(size):
@@ -227,7 +214,7 @@ def reordered_units(begin, end, x, y, p, p_kind):
 @kernel()
 def global_sum_units(begin, end, x, y, p, p_kind):
     """Each channel's terms added in order, channels GROUP at a time, element i of each in
-    step (see the module's docstring). ``p_kind`` arrives as a literal (global_sum_entry):
+    step (see the module's docstring). ``p_kind`` arrives as a literal (IN_ORDER_FAMILY):
     each call below is compiled for that one kind, and its tests of the kind fold away."""
     flat = flat_view(x)
     size = np.uint64(x.shape[1])
@@ -354,3 +341,65 @@ def global_sum_finish(totals, size, y, p, p_kind):
     """The mean or the root of each total, rounded once, as global_sum_units ends."""
     for nc in range(totals.shape[0]):
         y[nc] = _finish(totals[nc], size, p, p_kind, y)
+
+
+def _narrow(dtype) -> bool:
+    """Whether results are rounded to a dtype narrower than float64."""
+    return dtype.itemsize < 8
+
+
+# GlobalLpPool's kinds of p whose results narrower than float64 reordered_units takes
+# (its proof is the roots'; p_kind 3's root is not monotonic, p_kind 4's a pow())
+_REORDERED_P_KINDS = (1, 2)
+_EXAMPLE = (2, 8, 5, 5)
+MAX_FAMILY = Family(
+    global_max_units,
+    ops=("GlobalMaxPool",),
+    serves=lambda request: (),
+    kinds=lambda op, dtype: ((),),
+    arguments=("magnitude_mask", "inf_bits", "sign_shift"),
+    arrays=("x", "x_bits", "channels_out", "channels_out_bits"),
+    examples=(("GlobalMaxPool", _EXAMPLE, {}),),
+)
+# GlobalAveragePool narrower than float64: the float32 block sums of docs/semantics.md
+BLOCK_SUM_FAMILY = Family(
+    block_sum_units,
+    ops=("GlobalAveragePool",),
+    serves=lambda request: () if _narrow(request.dtype) else None,
+    kinds=lambda op, dtype: ((),) if _narrow(dtype) else (),
+    arguments=(),
+    arrays=("x", "channels_out"),
+    examples=(("GlobalAveragePool", _EXAMPLE, {}),),
+)
+REORDERED_FAMILY = Family(
+    reordered_units,
+    ops=("GlobalLpPool",),
+    serves=lambda request: (
+        (p_kind(request.op, request.p),)
+        if _narrow(request.dtype) and p_kind(request.op, request.p) in _REORDERED_P_KINDS
+        else None
+    ),
+    kinds=lambda op, dtype: tuple((k,) for k in _REORDERED_P_KINDS) if _narrow(dtype) else (),
+    arguments=("p",),
+    arrays=("x", "channels_out"),
+    examples=(("GlobalLpPool", _EXAMPLE, dict(p=2)), ("GlobalLpPool", _EXAMPLE, dict(p=1))),
+)
+# every other global sum, in order: GlobalAveragePool of float64 (the exact sum would gain
+# nothing over the in-order one), GlobalLpPool's other kinds of p and float64
+IN_ORDER_FAMILY = Family(
+    global_sum_units,
+    ops=("GlobalAveragePool", "GlobalLpPool"),
+    serves=lambda request: (p_kind(request.op, request.p),),
+    kinds=lambda op, dtype: tuple(
+        (k,)
+        for k in ((0,) if op == "GlobalAveragePool" else range(1, 5))
+        if not _narrow(dtype) or (op == "GlobalLpPool" and k not in _REORDERED_P_KINDS)
+    ),
+    arguments=("p",),
+    arrays=("x", "channels_out"),
+    examples=(
+        ("GlobalAveragePool", _EXAMPLE, {}),
+        ("GlobalLpPool", _EXAMPLE, dict(p=3)),
+        ("GlobalLpPool", _EXAMPLE, dict(p=0.5)),
+    ),
+)

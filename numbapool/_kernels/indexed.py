@@ -1,7 +1,7 @@
 """MaxPool with Indices over 2-D windows, each input row copied once, split by parity.
 
-_dispatch chooses it for windows over one axis (as 2-D windows of height 1:
-_dispatch._rows_geometry) or two, with no dilation and a step of 1 or 2 along the rows,
+It serves windows over one axis (as 2-D windows of height 1:
+family.rows_geometry) or two, with no dilation and a step of 1 or 2 along the rows,
 when the units are whole output rows. The generic kernel (maxima.py) takes a tap's run of
 elements at a step of 2 straight from the input, which LLVM gathers one element at a time,
 and keeps the winning taps as int64. Here each input row is first copied into a scratch
@@ -22,6 +22,7 @@ from numba.extending import intrinsic
 from .._plan import AXIS_EXTENT, AXIS_INDEX_STRIDE
 from . import kernel
 from .codec import decode
+from .family import Family, row_window
 from .maxima import keeps
 from .prefetch import AHEAD_BYTES, PREFETCH_INPUT_BYTES, prefetch_ahead
 from .scratch import empty, flat_view, release
@@ -186,3 +187,27 @@ def indexed_max_units(
                     best_columns[o] = kept_column
                     best_rows[o] = kept_row
     release(split, maxima, columns, best, best_rows, best_columns)
+
+
+def _serves(request):
+    """A row_window at a stride of 1 or 2 along the rows whose rows and columns int32s
+    number: (row step,)."""
+    plan = request.plan
+    if not (row_window(plan, (1, 2)) and max(plan.spatial_in) < 2**31):
+        return None
+    return (plan.strides[-1],)
+
+
+FAMILY = Family(
+    indexed_max_units,
+    ops=("MaxPool",),
+    serves=_serves,
+    kinds=lambda op, dtype: ((1,), (2,)),
+    arguments=("lowest", "row_axes", "row_tap_outputs", "block"),
+    arrays=("x", "y", "indices"),
+    whole_rows=True,
+    examples=(
+        ("MaxPool", (2, 8, 9, 11), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+        ("MaxPool", (2, 8, 30), dict(kernel_shape=[3])),
+    ),
+)

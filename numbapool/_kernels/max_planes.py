@@ -1,6 +1,6 @@
 """Small planes: MaxPool's 2-D windows at stride 1, a run of a plane's rows at once.
 
-_dispatch chooses it for MaxPool without Indices over two axes at strides of 1 (any window,
+It serves MaxPool without Indices over two axes at strides of 1 (any window,
 dilation and pads) over small padded planes (plane_limit). The columns
 kernel pays per output row: placing it, its input rows' starts, the fold of those rows and
 the taps along the row, each a loop of one row's length; on planes of 64x64 and smaller
@@ -18,12 +18,15 @@ row-major order in planes that hold a -0 or a NaN, so every result is the one
 docs/semantics.md states, bit for bit.
 """
 
+import math
+
 import numpy as np
 from numba import njit
 
 from .._plan import AXIS_DILATION, AXIS_EXTENT
 from . import kernel
 from .codec import decode
+from .family import Family
 from .max_vectors import rows_hold_negative_zero_or_nan
 from .maxima import fold_max, fold_max_function, is_tie
 from .scratch import empty, flat_view, full, release
@@ -226,3 +229,34 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
                         )
         unit += rows
     release(region, row_maxima, maxima, plane_state, plane_starts)
+
+
+def _serves(request):
+    """MaxPool over two axes at strides of 1, its padded plane within plane_limit:
+    (check_ties: whether zeros and NaNs, which int dtypes lack, are taken again)."""
+    plan = request.plan
+    padded = [
+        size + begin + end
+        for size, begin, end in zip(plan.spatial_in, plan.pads_begin, plan.pads_end)
+    ]
+    if not (
+        len(plan.kernel_shape) == 2
+        and plan.strides == (1, 1)
+        and math.prod(padded) <= plane_limit(plan.kernel_shape, plan.dilations)
+    ):
+        return None
+    return (plan.dtype.kind not in "iu",)
+
+
+FAMILY = Family(
+    max_plane_units,
+    ops=("MaxPool",),
+    serves=_serves,
+    kinds=lambda op, dtype: ((dtype.kind not in "iu",),),
+    arguments=("lowest", "axes", "block"),
+    whole_rows=True,
+    examples=(
+        ("MaxPool", (2, 8, 9, 11), dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
+        ("MaxPool", (2, 8, 20, 20), dict(kernel_shape=[3, 3], dilations=[2, 2])),
+    ),
+)

@@ -1,6 +1,6 @@
 """MaxPool with Indices over any window, any number of axes (the generic kernel).
 
-_dispatch chooses it for MaxPool with Indices where indexed.py does not serve (windows over
+It serves MaxPool with Indices where indexed.py does not serve (windows over
 three axes and more, dilated ones, strides past 2 along the rows, output rows split into
 several units); MaxPool without them takes fixed.py or columns.py. All give the same
 results, bit for bit.
@@ -22,6 +22,7 @@ from numba.extending import intrinsic, overload
 from .._plan import AXIS_DILATION, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_OUT, AXIS_PAD_BEGIN, AXIS_STRIDE
 from . import INLINED, inlined, kernel
 from .codec import decode
+from .family import Family
 from .scratch import empty, flat_view, full, release
 from .units import (
     first_input_row,
@@ -338,3 +339,27 @@ def border_max(o, row_offset, row_inside, starts, lowest, source, axes, taps, ta
             continue
         best = fold_max(best, source[np.uint64(row_offset + at + tap_offsets[tap])])
     return best
+
+
+FAMILY = Family(
+    max_pool_units_with_indices,
+    ops=("MaxPool",),
+    serves=lambda request: (),
+    kinds=lambda op, dtype: ((),),
+    arguments=(
+        "tap_index_offsets",
+        "lowest",
+        "axes",
+        "taps",
+        "tap_offsets",
+        "tap_outputs",
+        "lead_rows",
+        "block",
+        "slots",
+    ),
+    arrays=("x", "y", "indices"),
+    examples=(
+        ("MaxPool", (2, 8, 7, 9, 11), dict(kernel_shape=[3, 3, 3], pads=[1] * 6)),
+        ("MaxPool", (2, 8, 20, 20), dict(kernel_shape=[3, 3], dilations=[2, 2])),
+    ),
+)

@@ -1,7 +1,7 @@
 """Small planes: AveragePool's and LpPool's (p = 2) 3x3 windows over a run of a plane's
 rows at once.
 
-_dispatch chooses it for 2-D AveragePool and LpPool (p = 2) windows of 3x3 taps with
+It serves 2-D AveragePool and LpPool (p = 2) windows of 3x3 taps with
 strides of 1 or 2, no dilation and pads of 0 or 1 (every window then holds a tap of the
 input), over planes of at least 2x2 and at most PLANE_ELEMENTS elements. The generic
 kernel (sums.py) pays per output row: placing it, its cache of input rows, the calls that
@@ -17,11 +17,14 @@ right, then the rows added to +0 in order: docs/semantics.md), so the results ar
 same, bit for bit.
 """
 
+import math
+
 import numpy as np
 from numba import njit
 
 from . import inlined, kernel
 from .codec import accumulator_array
+from .family import Family, p_kind
 from .scratch import flat_view, release
 from .sums import border_row_sum, divisor_row, term_at, window_output
 from .units import interior_outputs, plane_axes
@@ -198,3 +201,34 @@ def plane_sum_units(
             )
         unit += end - first
     release(sums, row_divisors)
+
+
+def _serves(request):
+    """AveragePool's or LpPool's (p = 2) 3x3 window, strides of 1 or 2, no dilation, pads
+    of 0 or 1, over planes of 2x2 to PLANE_ELEMENTS elements: (kind of p, row step)."""
+    plan = request.plan
+    if not (
+        (plan.op == "AveragePool" or (plan.op == "LpPool" and plan.p == 2.0))
+        and plan.kernel_shape == (3, 3)
+        and max(plan.strides) <= 2
+        and plan.dilations == (1, 1)
+        and max(plan.pads_begin + plan.pads_end) <= 1
+        and min(plan.spatial_in) >= 2
+        and math.prod(plan.spatial_in) <= PLANE_ELEMENTS
+    ):
+        return None
+    return p_kind(plan.op, plan.p), plan.strides[-1]
+
+
+FAMILY = Family(
+    plane_sum_units,
+    ops=("AveragePool", "LpPool"),
+    serves=_serves,
+    kinds=lambda op, dtype: tuple((p_kind(op, 2.0), step) for step in (1, 2)),
+    arguments=("zero", "p_as_zero", "axes", "divisor_counts", "block"),
+    whole_rows=True,
+    examples=(
+        ("AveragePool", (2, 8, 9, 11), dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])),
+        ("LpPool", (2, 8, 9, 11), dict(kernel_shape=[3, 3], strides=[2, 2], p=2)),
+    ),
+)

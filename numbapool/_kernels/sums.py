@@ -1,6 +1,6 @@
 """AveragePool and LpPool over any window, any number of axes (the generic summing kernel).
 
-_dispatch chooses it for the AveragePool and LpPool windows that fixed.py, planes.py and
+It serves the AveragePool and LpPool windows that fixed.py, planes.py and
 wide.py leave: over one axis at a step other than 2, over three axes and more, dilated, a
 step past 2 along the rows, AveragePool's 3 taps wide along the rows but 3x3 over small
 planes, and LpPool's with p other than 2. A window's sum is the sum over its input rows, in order, of each row's sum
@@ -23,6 +23,7 @@ from .codec import (
     float64_bits,
     float64_from_bits,
 )
+from .family import Family, p_kind
 from .scratch import empty, flat_view, full, release
 from .units import (
     first_input_row,
@@ -549,3 +550,41 @@ def sum_pool_units(
             for j in range(end - first):
                 out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, p_kind), y)
     release(row_strides, row_divisors, starts, totals, rows, queue, keys, row_bases, positions)
+
+
+def _serves(request):
+    """Every AveragePool and LpPool window: (kind of p, three_taps), three_taps for
+    AveragePool's windows 3 taps wide along the last axis, undilated there, at a step of 1
+    or 2 (three_tap_row_sums)."""
+    plan = request.plan
+    kind = p_kind(plan.op, plan.p)
+    three_taps = plan.kernel_shape[-1] == 3 and plan.strides[-1] <= 2 and plan.dilations[-1] == 1
+    return kind, kind == 0 and three_taps
+
+
+FAMILY = Family(
+    sum_pool_units,
+    ops=("AveragePool", "LpPool"),
+    serves=_serves,
+    kinds=lambda op, dtype: (
+        ((0, False), (0, True)) if op == "AveragePool" else tuple((k, False) for k in range(1, 5))
+    ),
+    arguments=(
+        "p",
+        "zero",
+        "axes",
+        "taps",
+        "tap_offsets",
+        "tap_outputs",
+        "lead_rows",
+        "divisor_counts",
+        "block",
+        "slots",
+    ),
+    examples=(
+        ("AveragePool", (2, 8, 7, 9, 11), dict(kernel_shape=[3, 3, 3], pads=[1] * 6)),
+        ("AveragePool", (2, 8, 30), dict(kernel_shape=[3])),
+        ("LpPool", (2, 8, 30), dict(kernel_shape=[3], p=3)),
+        ("LpPool", (2, 8, 20, 20), dict(kernel_shape=[3, 3], dilations=[2, 2], p=1)),
+    ),
+)

@@ -1,8 +1,8 @@
 """Wide windows: AveragePool and LpPool (p = 2) over 2-D windows, input rows padded once.
 
-_dispatch chooses it for 2-D windows with no dilation and a step in COLUMN_STEPS along
+It serves 2-D windows with no dilation and a step in COLUMN_STEPS along
 the rows, but the fixed 2x2 ones, and for windows over one axis at a step of 2, or of 4
-when they are at least 4 wide (as 2-D windows of height 1: _dispatch._rows_geometry),
+when they are at least 4 wide (as 2-D windows of height 1: family.rows_geometry),
 when the units are whole output rows:
 AveragePool's but those 3 taps wide along the rows (the generic kernel's one loop body
 for three taps is faster there), and LpPool's with p = 2, the common norm (each other
@@ -27,6 +27,7 @@ from numba import njit
 from .._plan import AXIS_EXTENT
 from . import kernel
 from .codec import accumulator_array, as_accumulator, decode
+from .family import Family, p_kind, row_window
 from .scratch import flat_view, release
 from .sums import divisor_row, lp_term, window_output
 from .units import first_pass_or, plane_axes, ring_slot, ring_slots, window_rows
@@ -215,3 +216,38 @@ def wide_sum_units(
                 y,
             )
     release(padded, sums, totals, row_divisors)
+
+
+def _serves(request):
+    """A row_window at a stride along the rows in COLUMN_STEPS: (kind of p, row step).
+    Over one axis not at a stride of 1 (there the generic kernel's passes over runs of
+    consecutive elements were faster) and, at a stride of 4, at least 4 taps wide
+    (narrower ones read less than the padded row copies); for AveragePool not 3 taps wide
+    at strides of 1 and 2 (the generic kernel's three_tap_row_sums takes those rows in one
+    loop body, with no padded copy: measured faster); for LpPool p = 2 only."""
+    plan = request.plan
+    step, width = plan.strides[-1], plan.kernel_shape[-1]
+    if not row_window(plan, COLUMN_STEPS):
+        return None
+    if len(plan.kernel_shape) == 1 and (step == 1 or width < step):
+        return None
+    if plan.op == "AveragePool" and width == 3 and step <= 2:
+        return None
+    if plan.op == "LpPool" and plan.p != 2.0:
+        return None
+    return p_kind(plan.op, plan.p), step
+
+
+FAMILY = Family(
+    wide_sum_units,
+    ops=("AveragePool", "LpPool"),
+    serves=_serves,
+    kinds=lambda op, dtype: tuple((p_kind(op, 2.0), step) for step in COLUMN_STEPS),
+    arguments=("zero", "p_as_zero", "row_axes", "row_divisor_counts", "block"),
+    whole_rows=True,
+    examples=(
+        ("AveragePool", (2, 8, 9, 11), dict(kernel_shape=[5, 5])),
+        ("LpPool", (2, 8, 9, 11), dict(kernel_shape=[4, 4], strides=[2, 2], p=2)),
+        ("AveragePool", (2, 8, 40), dict(kernel_shape=[4], strides=[4])),
+    ),
+)
