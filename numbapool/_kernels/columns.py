@@ -54,13 +54,11 @@ def _fold_column_rows(columns, lo, hi, source, row_starts, rows, vector_fold, ke
     rest go in threes. ``keep_first`` (a constant): each column keeps its first maximum
     and first NaN (_row_max); else any of them (the vector fold keeps the first either way).
 
-    With ``vector_fold`` (a constant: a literal kind, for 8- and 16-bit dtypes), a pass
-    is max_vectors.row_fold_first or row_fold_more: numba's loop left those dtypes to LLVM's
-    vector body of 256 uint8 (64 float16) elements a pass and its leftovers, element by
-    element, which rows of 112 uint8 took entirely (MaxPool 3x3 s2: uint8 0.76-0.88, int8
-    0.91-0.97, float16 0.83-0.92, bfloat16 0.89-0.97 of the time; 4x4 s2 float16
-    1.06-1.12x slower). float32 and float64 keep numba's loop, whose leftovers go 8 at a
-    time or few (through the intrinsics: the dilated case 1.04-1.14x slower)."""
+    With ``vector_fold`` (a literal kind, for 8- and 16-bit dtypes) a pass is
+    max_vectors.row_fold_first or row_fold_more: numba's loop vectorizes those dtypes 256
+    bytes a pass and leaves a short row's elements to scalar leftovers (MaxPool 3x3 s2 over
+    uint8 takes 0.8 of the time this way). float32 and float64 keep numba's loop, whose
+    leftovers are few (through the vector helpers the dilated case was slower)."""
     base = np.uint64(lo)
     take = (rows - 1) % 3 + 1
     at0 = np.uint64(row_starts[0])
@@ -175,8 +173,8 @@ def _three_wide_step_two_windows(columns, pairs, evens, target, base, count):
     return suspect
 
 
-# inlined by numba, not compiled once as units' helpers are: so, the 5x5 stride-1 MaxPool
-# over int8 and uint8 took 1.16 to 1.2x as long (A/B, 25 and 31 rounds)
+# inlined by numba, not compiled once as units' helpers are: compiled once, the 5x5
+# stride-1 MaxPool over int8 and uint8 took 1.2x as long
 @njit(inline="always")
 def _input_row_starts(
     row_starts, row_offset, row_inside, starts, axes, taps, tap_offsets, k_last, start
@@ -247,8 +245,8 @@ def column_units(
     has three axes or more, and its taps along the axes before the last two fold whole
     input planes first, in every unit; the dispatcher chooses it where folds_planes holds.
     The other kinds take a window's input rows from the input itself, over any number of
-    axes, and compile none of the planes' code (a kind that chose between the two at run
-    time took 0.5 s longer to compile).
+    axes, and compile none of the planes' code (choosing at run time compiled 0.5 s
+    longer).
     """
     last = axes.shape[1] - 1
     step = np.uint64(axes[AXIS_STRIDE, last])

@@ -32,11 +32,11 @@ from .maxima import fold_max, fold_max_function, is_tie
 from .scratch import empty, flat_view, full, release
 from .units import plane_axes
 
-# The largest padded planes served, where it measured faster than the columns kernel
-# (A/B, one thread): windows of at most 3x3 taps, undilated, over planes up to 32x32 (3x3
-# with pads over 28x28 0.70 of the time, over 40x40 and 48x48 1.02-1.03); wider or dilated
-# windows, which the columns kernel takes a tap at a time or at a run-time spacing, up to
-# 72x72 (5x5 over 64x64 0.77, the dilated 3x3 over 64x64 0.59-0.79; over 112x112 1.42)
+# The largest padded planes served, where it measured faster than the columns kernel on
+# one thread: windows of at most 3x3 undilated taps over planes up to 32x32 (3x3 over
+# 28x28: 0.70 of the time; from 40x40 on, slower); wider or dilated windows, which the
+# columns kernel takes a tap at a time, up to 72x72 (5x5 over 64x64: 0.77; over 112x112,
+# 1.4x slower)
 SMALL_WINDOW_PLANE_ELEMENTS = 32 * 32
 PLANE_ELEMENTS = 72 * 72
 

@@ -64,10 +64,9 @@ def rows_hold_negative_zero_or_nan(typingctx, flat, row_starts, rows, count):
     less). The largest key of all the rows is kept 512 bits at a time, the last elements
     of each row in one masked load whose lanes past the end load 0, and compared once.
 
-    numba's loop over the bits took 0.08 ns an element on rows of 112, most of it in its
-    scalar leftovers. A call per row cost as much for 16 elements as for 112, and compare
-    flags or-ed 512 bits at a time wait on each other: over a ReLU's outputs the resnet
-    stem took 1.32x as long with a call per row, 1.21x with the flags (1 thread)."""
+    numba's loop over the bits spent most of its time in scalar leftovers; a call per row
+    costs as much for 16 elements as for 112; compare flags or-ed 512 bits at a time wait
+    on each other (over a ReLU's outputs the resnet stem took 1.2x as long with them)."""
     if not (
         isinstance(flat, types.Array)
         and flat.ndim == 1
@@ -269,8 +268,8 @@ def three_wide_step_two(typingctx, columns, target, base, count):
     128 from the next, each shuffled out of two vectors. The last outputs are the last whole
     vector again, ending at ``count`` (overlapping the one before: the same values written
     twice), or, under one vector's length, in masked loads and a masked store. numba's
-    loop took 16 outputs a pass and left the rest (7 of the 55 a row of 112 bytes makes)
-    to scalar leftovers (MaxPool 3x3 s2 uint8 0.77 of the time, rows of 56 bytes 0.67)."""
+    loop left a row's last outputs to scalar leftovers (MaxPool 3x3 s2 over uint8 takes
+    0.77 of its time this way)."""
     if not (
         isinstance(columns, types.Array)
         and isinstance(target, types.Array)

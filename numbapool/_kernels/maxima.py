@@ -127,7 +127,7 @@ def _nan_max_overload(kept, value):
 @njit(inline="always")
 def fold_max_run(source, offset, step, best, begin, count):
     # fold_max written out: calling it here made the columns kernel's 5x5 float16 MaxPool
-    # 1.2x slower (A/B, 25 rounds, both orders)
+    # 1.2x slower
     for j in range(count):
         value = source[offset + np.uint64(j) * step]
         kept = best[begin + np.uint64(j)]

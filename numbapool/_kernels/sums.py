@@ -99,9 +99,8 @@ def _approximate_cube_root(t):
     2e²/9 + 14e³/81) ** 3, a polynomial of e from e ** 4 on, under 6.8e-5 for |e| <= 0.11
     and under 2**-56.5 after the second step. The roundings of the last step and of
     t y ** 2 (each product and fused sum within 2**-53) put y within 3 and the root within
-    8 units of 2**-53 of exact, its cube within 24: 2**-48.4 (2**-49.41 at most over 2.6
-    million totals across the range, in a scratch check; tests/test_semantics.py checks
-    the bound in exact arithmetic)."""
+    8 units of 2**-53 of exact, its cube within 24: 2**-48.4 (tests/test_semantics.py
+    checks the bound in exact arithmetic)."""
     inverse = float64_from_bits(
         INVERSE_CUBE_ROOT_BITS - np.int64(np.float64(float64_bits(t)) * (1.0 / 3.0))
     )
@@ -126,8 +125,8 @@ def cube_root(total, y):
     a (1 + s), even rounded, lie further from a than that, so pow's result lies between
     them, and if both round to one result, pow's rounds to it too: rounding never
     reverses an order. Otherwise the result is in doubt: about 2**-18.5 of float32
-    results, and every total outside that range. (Checking a's cube against t as well,
-    LpPool p = 3 2x2 s2 took 1.06 to 1.11x as long.)"""
+    results, and every total outside that range. (Checking a's cube against t as well
+    made LpPool p = 3 about 1.1x slower.)"""
     t = min(max(total, CUBE_LOW), CUBE_HIGH)
     root = _approximate_cube_root(t)
     low = root * (1.0 - CUBE_SLACK)

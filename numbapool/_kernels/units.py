@@ -16,8 +16,7 @@ The helpers a kernel calls once per row or per tap, whose types do not depend on
 are compiled once per process for LLVM to inline (``inlined``): numba inlines a helper of
 its own by copying and typing its IR again at each call site of each kernel. The unit
 stepping (``first_unit``, ``next_unit``, ``place_row``, ``unit_row``) stays inlined by
-numba: compiled once, densenet's AveragePool took 1.07 to 1.12x and the resnet stem's MaxPool
-1.02 to 1.08x as long (A/B, 25 to 41 rounds).
+numba: compiled once, densenet's AveragePool took 1.1x as long.
 """
 
 import numpy as np

@@ -39,8 +39,8 @@ from .units import first_pass_or, plane_axes, ring_slot, ring_slots, window_rows
 COLUMN_STEPS = (1, 2, 4)
 
 # The most taps a pass over a row's sums adds: each pass loads and stores the sums again.
-# At 5, not 4, AveragePool 9x9 (two passes, not three) took 0.96 of the time and 5x5 (one,
-# not two) 0.92 (A/B, 2 threads, 11 rounds); 9 in one pass, 0.91
+# At 5, not 4, AveragePool 5x5 (one pass, not two) took 0.92 of the time and 9x9 (two
+# passes, not three) 0.96
 TAPS_PER_PASS = 5
 
 
