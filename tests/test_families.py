@@ -124,11 +124,12 @@ def test_every_choice_is_a_declared_kind(data):
             dilations=[data.draw(st.sampled_from([1, 1, 2])) for _ in range(rank)],
             pads=[data.draw(st.integers(0, k - 1)) for k in kernel_shape * 2],
         )
+        pads = attrs["pads"]
         if any(
-            (size + 2 * pad - (k - 1) * d - 1) < 0
-            for size, pad, k, d in zip(shape[2:], attrs["pads"], kernel_shape, attrs["dilations"])
+            size + pads[axis] + pads[axis + rank] < (k - 1) * d + 1
+            for axis, (size, k, d) in enumerate(zip(shape[2:], kernel_shape, attrs["dilations"]))
         ):
-            return  # no output
+            return  # no output position
     if op in ("LpPool", "GlobalLpPool"):
         attrs["p"] = data.draw(st.sampled_from([1, 2, 3, 0.5]))
     indices = op == "MaxPool" and data.draw(st.booleans())

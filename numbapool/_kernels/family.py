@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+import numba
 import numpy as np
-from numba import from_dtype, types
+from numba import types
 
 from .. import _numba
 from .._plan import BFLOAT16, WindowPlan, window_plan
@@ -169,7 +170,9 @@ ARGUMENTS: dict[str, Callable] = {
 
 
 def _array(dtype: np.dtype, ndim: int, readonly: bool = False) -> types.Array:
-    return types.Array(from_dtype(dtype), ndim, "C", readonly=readonly)
+    """numba's type of a C-ordered array of ``dtype`` and ``ndim``."""
+    array = numba.typeof(np.empty((0,) * ndim, dtype))
+    return array.copy(readonly=True) if readonly else array
 
 
 # The call's own arrays a family may take, first, as numba types for a dtype: the input
