@@ -7,6 +7,7 @@ it on disk), so importing numbapool compiles nothing.
 from __future__ import annotations
 
 import math
+import time
 from typing import NamedTuple
 
 import numpy as np
@@ -240,7 +241,9 @@ def _drive(
     ``compiled[key]`` with its way into the entry point (parallel.BlockCall) once the
     driver is compiled. While it compiles in the background (parallel.ready_driver), the
     entry point runs the units on this thread, a piece at a time; the driver, once ready,
-    takes the units left."""
+    takes the units left. Once it is ready, a call runs on the calling thread alone
+    instead where that has been the faster way for this launch and thread count
+    (_threads.Pace: under load)."""
     driver = compiled.get(key)
     done = 0
     if driver is None:
@@ -250,7 +253,21 @@ def _drive(
             done += piece
             if done >= units:
                 return
-        driver = compiled[key] = (ready, parallel.block_call(entry_point, arguments, call_arrays))
+        compiled[key] = (ready, parallel.block_call(entry_point, arguments, call_arrays))
+        _run_driver(compiled[key], done, units, chunks, threads, arguments, call_arrays)
+        return
+    pace_key = ("pace", key, threads)
+    pace = compiled.get(pace_key) or compiled.setdefault(pace_key, _threads.Pace())
+    serial = pace.serial_now()
+    start = time.perf_counter()
+    if serial:
+        entry_point.function(0, units, *arguments)
+    else:
+        _run_driver(driver, 0, units, chunks, threads, arguments, call_arrays)
+    pace.record(serial, time.perf_counter() - start)
+
+
+def _run_driver(driver, done, units, chunks, threads, arguments, call_arrays) -> None:
     run, block_call = driver
     run(
         block_call.address,

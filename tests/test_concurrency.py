@@ -355,3 +355,31 @@ def test_tbb_layer_where_the_tbb_wheel_is_installed(requested, expected):
     assert layer == expected
     y = numbapool.max_pool(X, [3, 3], strides=[2, 2])
     assert total == str(float(y.astype(np.float64).sum()))
+
+
+def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
+    # _threads.Pace, fed times rather than timed: both ways in turn for the first calls,
+    # then the faster by the median of its last runs (one slow run does not decide), and
+    # the other way once every PROBE_EVERY calls
+    from numbapool import _threads
+
+    pace = _threads.Pace()
+    first = [pace.serial_now() for _ in range(10)]
+    assert first == [False, True] * 5
+    for serial in first:
+        pace.record(serial, 1.0 if serial else 3.0)  # parallel slower: a busy machine
+    chosen = []
+    for _ in range(2 * _threads.PROBE_EVERY):
+        serial = pace.serial_now()
+        chosen.append(serial)
+        pace.record(serial, 1.0 if serial else 3.0)
+    assert chosen.count(False) == 2  # the probes, at calls 64 and 128
+    assert not chosen[_threads.PROBE_EVERY - 11] and not chosen[2 * _threads.PROBE_EVERY - 11]
+    # the machine goes quiet: parallel runs take 0.5; the probes win the threads back
+    # once a median of the parallel runs is faster
+    while pace.medians[0] >= pace.medians[1]:
+        serial = pace.serial_now()
+        pace.record(serial, 1.0 if serial else 0.5)
+    assert not pace.serial_now()
+    pace.record(False, 30.0)  # one slow parallel run
+    assert not pace.serial_now()
