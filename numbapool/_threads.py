@@ -171,36 +171,49 @@ def _find_whether_lock_is_taken() -> bool:
 # Every this many calls of a launch, the way of running it that is not chosen runs once,
 # so that the choice follows the machine's load
 PROBE_EVERY = 64
-# The last runs of each way whose median is its time; the first calls of a launch take
-# both ways in turn until each has this many
+# The last runs of each way whose median is its time
 _SAMPLES = 5
+# Launches whose first parallel runs take longer than this always run in parallel: a
+# thread that loses its core costs them a smaller part of their time (beside a busy core
+# the canonical cases past 1 ms took at most 1.08 of their 1-thread time), and a serial
+# run, probing, would cost them more
+PACE_LIMIT = 1e-3
 
 
 class Pace:
-    """Whether a call that may go parallel runs on its threads or on the calling thread
-    alone, chosen by the time each way took on earlier calls of the same launch.
+    """Whether a short call that may go parallel runs on its threads or on the calling
+    thread alone, chosen by the time each way took on earlier calls of the same launch.
 
     A thread that loses its core to another process holds up a parallel call until it
     runs again, which costs more than the call when the call is short: beside a busy core,
-    parallel calls of 0.2 ms took 1.2 to 1.3 times their serial time. A way's time is the
-    median of its last _SAMPLES runs, so that one slow run (a thread pool starting, a
-    page fault) does not decide; the first calls take both ways in turn, and then the way
-    not chosen runs once every PROBE_EVERY calls. The results are the same either way, bit
-    for bit."""
+    parallel calls of 0.2 ms took 1.15 to 1.3 times their serial time. A way's time is the
+    median of its last _SAMPLES runs, so that one slow run (a thread pool starting, a page
+    fault) does not decide. A launch's first calls run in parallel; if those took less than
+    PACE_LIMIT, the next ones run on the calling thread, and then each call takes the
+    faster way, the other way running once every PROBE_EVERY calls. The results are the same
+    either way, bit for bit."""
 
-    __slots__ = ("times", "medians", "calls")
+    __slots__ = ("times", "medians", "calls", "long")
 
     def __init__(self) -> None:
         self.times = ([], [])  # the last runs' seconds: parallel, serial
         self.medians = [0.0, 0.0]
         self.calls = 0
+        self.long = False  # whether the first parallel runs took PACE_LIMIT or more
 
     def serial_now(self) -> bool:
         """Whether this call runs on the calling thread alone."""
+        if self.long:
+            return False
         self.calls = calls = self.calls + 1
-        if calls <= 2 * _SAMPLES:
-            return calls % 2 == 0
         parallel, serial = self.medians
+        if calls <= _SAMPLES:
+            return False
+        if calls == _SAMPLES + 1 and parallel >= PACE_LIMIT:
+            self.long = True
+            return False
+        if calls <= 2 * _SAMPLES:
+            return True
         return (serial < parallel) != (calls % PROBE_EVERY == 0)
 
     def record(self, serial: bool, seconds: float) -> None:

@@ -358,28 +358,42 @@ def test_tbb_layer_where_the_tbb_wheel_is_installed(requested, expected):
 
 
 def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
-    # _threads.Pace, fed times rather than timed: both ways in turn for the first calls,
+    # _threads.Pace, fed times rather than timed: parallel runs first, then serial ones,
     # then the faster by the median of its last runs (one slow run does not decide), and
-    # the other way once every PROBE_EVERY calls
+    # the other way once every PROBE_EVERY calls; a launch whose parallel runs are long
+    # stays parallel
     from numbapool import _threads
 
+    short = _threads.PACE_LIMIT / 10
     pace = _threads.Pace()
     first = [pace.serial_now() for _ in range(10)]
-    assert first == [False, True] * 5
+    assert first == [False] * 5 + [True] * 5
     for serial in first:
-        pace.record(serial, 1.0 if serial else 3.0)  # parallel slower: a busy machine
+        pace.record(serial, short if serial else 3 * short)  # parallel slower: a busy machine
     chosen = []
     for _ in range(2 * _threads.PROBE_EVERY):
         serial = pace.serial_now()
         chosen.append(serial)
-        pace.record(serial, 1.0 if serial else 3.0)
+        pace.record(serial, short if serial else 3 * short)
     assert chosen.count(False) == 2  # the probes, at calls 64 and 128
     assert not chosen[_threads.PROBE_EVERY - 11] and not chosen[2 * _threads.PROBE_EVERY - 11]
-    # the machine goes quiet: parallel runs take 0.5; the probes win the threads back
-    # once a median of the parallel runs is faster
+    # the machine goes quiet: parallel runs take half the serial time; the probes win the
+    # threads back once a median of the parallel runs is faster
     while pace.medians[0] >= pace.medians[1]:
         serial = pace.serial_now()
-        pace.record(serial, 1.0 if serial else 0.5)
+        pace.record(serial, short if serial else short / 2)
     assert not pace.serial_now()
-    pace.record(False, 30.0)  # one slow parallel run
+    pace.record(False, 300 * short)  # one slow parallel run
     assert not pace.serial_now()
+
+    long = _threads.Pace()
+    for _ in range(3 * _threads.PROBE_EVERY):
+        assert not long.serial_now()
+        long.record(False, 2 * _threads.PACE_LIMIT)
+    # a short launch stays paced when load makes its parallel runs longer than the limit
+    busy = _threads.Pace()
+    for number in range(3 * _threads.PROBE_EVERY):
+        serial = busy.serial_now()
+        slow = 10 * _threads.PACE_LIMIT if number >= 20 else short / 2
+        busy.record(serial, short if serial else slow)
+    assert busy.serial_now()
