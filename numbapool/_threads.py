@@ -170,7 +170,7 @@ def _find_whether_lock_is_taken() -> bool:
 
 # Every this many calls of a launch, the way of running it that is not chosen runs once,
 # so that the choice follows the machine's load
-PROBE_EVERY = 64
+PROBE_EVERY = 256
 # The last runs of each way whose median is its time
 _SAMPLES = 5
 # Launches whose first parallel runs take longer than this always run in parallel: a
