@@ -222,7 +222,9 @@ class Pace:
         times.append(seconds)
         if len(times) > _SAMPLES:
             del times[0]
-        self.medians[serial] = sorted(times)[len(times) // 2]
+        # one copy: calls from several threads may change the list meanwhile
+        ordered = sorted(times)
+        self.medians[serial] = ordered[len(ordered) // 2]
 
 
 _forking_from_main_thread = True
