@@ -299,12 +299,13 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> GlobalCall
     """The GlobalCall of a global pooling call with these arguments. Validates, and keeps
     the answer for the next call."""
     plan = global_plan(op, shape, dtype)
-    family, kinds = choice.choose(GlobalRequest(op, plan.dtype, p))
+    request = GlobalRequest(op, plan.dtype, p)
+    family, kinds = choice.choose(request)
     # the maximum runs over the bits as signed integers (global_.global_max_units)
     bits = SIGNED_BITS[plan.dtype.itemsize] if "x_bits" in family.arrays else None
     kernels = (
         family.entry_point(kinds),
-        (*family.argument_values(GlobalRequest(op, plan.dtype, p)), *kinds),
+        (*family.argument_values(request), *kinds),
         STORAGE.get(plan.dtype),
         bits,
     )

@@ -224,7 +224,7 @@ def test_windows_that_all_miss_the_input(dtype):
 @pytest.mark.parametrize("count_include_pad", [0, 1])
 def test_one_axis_windows_in_the_row_kernels(count_include_pad):
     # AveragePool over one axis at stride 2 runs in the 2-D row kernel as a window of height
-    # 1 (_dispatch._rows_geometry; its units are whole rows: 8 rows to a region here); a
+    # 1 (family.rows_geometry; its units are whole rows: 8 rows to a region here); a
     # region's divisors there are still the whole call's. The last window ends past the
     # padded input (ceil_mode), where the last region's pads reach.
     x = np.random.default_rng(5).standard_normal((4, 8, 41)).astype(np.float32)
