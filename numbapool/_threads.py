@@ -178,6 +178,9 @@ _SAMPLES = 5
 # the canonical cases past 1 ms took at most 1.08 of their 1-thread time), and a serial
 # run, probing, would cost them more
 PACE_LIMIT = 1e-3
+# The way not chosen runs at once when the chosen way's time has risen by this factor,
+# and past half its lead, since the other last ran: the load has changed
+_DRIFT = 1.125
 
 
 class Pace:
@@ -190,16 +193,20 @@ class Pace:
     median of its last _SAMPLES runs, so that one slow run (a thread pool starting, a page
     fault) does not decide. A launch's first calls run in parallel; if those took less than
     PACE_LIMIT, the next ones run on the calling thread, and then each call takes the
-    faster way, the other way running once every PROBE_EVERY calls. The results are the same
-    either way, bit for bit."""
+    faster way. The other way runs once every PROBE_EVERY calls, and at once when the
+    chosen way has slowed (_DRIFT); a run of the other way faster than the chosen way's
+    time is followed by another, so that a change of load moves the choice within a few
+    calls. The results are the same either way, bit for bit."""
 
-    __slots__ = ("times", "medians", "calls", "long")
+    __slots__ = ("times", "medians", "calls", "long", "due", "mark")
 
     def __init__(self) -> None:
         self.times = ([], [])  # the last runs' seconds: parallel, serial
         self.medians = [0.0, 0.0]
         self.calls = 0
         self.long = False  # whether the first parallel runs took PACE_LIMIT or more
+        self.due = 2 * _SAMPLES + PROBE_EVERY  # the call on which the other way runs next
+        self.mark = 0.0  # the chosen way's time when the other way last ran
 
     def serial_now(self) -> bool:
         """Whether this call runs on the calling thread alone."""
@@ -214,17 +221,33 @@ class Pace:
             return False
         if calls <= 2 * _SAMPLES:
             return True
-        return (serial < parallel) != (calls % PROBE_EVERY == 0)
+        return (serial < parallel) != (calls >= self.due)
 
     def record(self, serial: bool, seconds: float) -> None:
-        """Take a run's time, ``serial`` or parallel, into that way's."""
+        """Take a run's time, ``serial`` or parallel, into that way's, and set when the
+        way not chosen runs next."""
+        medians = self.medians
+        serial_chosen = medians[1] < medians[0]
+        chosen = medians[serial_chosen]
         times = self.times[serial]
         times.append(seconds)
         if len(times) > _SAMPLES:
             del times[0]
         # one copy: calls from several threads may change the list meanwhile
         ordered = sorted(times)
-        self.medians[serial] = ordered[len(ordered) // 2]
+        medians[serial] = ordered[len(ordered) // 2]
+        calls = self.calls
+        if calls <= 2 * _SAMPLES:
+            self.mark = min(medians)
+        elif serial == serial_chosen:
+            if medians[serial] > max(_DRIFT * self.mark, (self.mark + medians[not serial]) / 2):
+                self.due = calls + 1
+        elif (medians[1] < medians[0]) == serial:  # the other way ran, and is now chosen
+            self.mark = medians[serial]
+            self.due = calls + PROBE_EVERY
+        else:  # the other way ran; once more next call if it beat the chosen way
+            self.mark = chosen
+            self.due = calls + (1 if seconds < chosen else PROBE_EVERY)
 
 
 _forking_from_main_thread = True

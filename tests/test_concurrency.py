@@ -357,34 +357,47 @@ def test_tbb_layer_where_the_tbb_wheel_is_installed(requested, expected):
     assert total == str(float(y.astype(np.float64).sum()))
 
 
+def _paced_calls(pace, calls: int, parallel: float, serial: float) -> list:
+    """Whether each of ``calls`` calls of ``pace`` ran serially, each way's run taking the
+    seconds given."""
+    ways = []
+    for _ in range(calls):
+        way = pace.serial_now()
+        ways.append(way)
+        pace.record(way, serial if way else parallel)
+    return ways
+
+
 def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
     # _threads.Pace, fed times rather than timed: parallel runs first, then serial ones,
     # then the faster by the median of its last runs (one slow run does not decide), and
-    # the other way once every PROBE_EVERY calls; a launch whose parallel runs are long
-    # stays parallel
+    # the other way once every PROBE_EVERY calls, or at once when the load changes; a
+    # launch whose parallel runs are long stays parallel
     from numbapool import _threads
 
+    every = _threads.PROBE_EVERY
     short = _threads.PACE_LIMIT / 10
     pace = _threads.Pace()
-    first = [pace.serial_now() for _ in range(10)]
+    # a busy machine: parallel runs take three times the serial time
+    first = _paced_calls(pace, 10, 3 * short, short)
     assert first == [False] * 5 + [True] * 5
-    for serial in first:
-        pace.record(serial, short if serial else 3 * short)  # parallel slower: a busy machine
-    chosen = []
-    for _ in range(2 * _threads.PROBE_EVERY):
-        serial = pace.serial_now()
-        chosen.append(serial)
-        pace.record(serial, short if serial else 3 * short)
-    assert chosen.count(False) == 2  # the probes, at calls 64 and 128
-    assert not chosen[_threads.PROBE_EVERY - 11] and not chosen[2 * _threads.PROBE_EVERY - 11]
-    # the machine goes quiet: parallel runs take half the serial time; the probes win the
-    # threads back once a median of the parallel runs is faster
-    while pace.medians[0] >= pace.medians[1]:
-        serial = pace.serial_now()
-        pace.record(serial, short if serial else short / 2)
-    assert not pace.serial_now()
-    pace.record(False, 300 * short)  # one slow parallel run
-    assert not pace.serial_now()
+    ways = _paced_calls(pace, 2 * every, 3 * short, short)
+    # the probes, one every PROBE_EVERY calls after the first ten
+    assert [n for n, way in enumerate(ways) if not way] == [every - 1, 2 * every - 1]
+    # the machine goes quiet: parallel runs take half the serial time; the next probe
+    # wins, the runs that follow it win too, and the threads are back after three
+    ways = _paced_calls(pace, every + 10, short / 2, short)
+    assert ways.index(False) == every - 1
+    assert ways[every - 1 :] == [False] * 11
+    assert pace.medians[0] < pace.medians[1]
+    _paced_calls(pace, 1, 300 * short, short)  # one slow parallel run
+    assert _paced_calls(pace, 10, short / 2, short) == [False] * 10
+    # load comes back: the parallel runs slow to 0.9 of the serial time measured before,
+    # while the serial runs now take 0.6 of it; the chosen way's slowing sends the next
+    # calls to the calling thread, which keeps them, long before the next probe
+    ways = _paced_calls(pace, 20, 0.9 * short, 0.6 * short)
+    assert ways[-10:] == [True] * 10
+    assert ways.index(True) <= 5
 
     long = _threads.Pace()
     for _ in range(3 * _threads.PROBE_EVERY):
