@@ -168,8 +168,8 @@ def _find_whether_lock_is_taken() -> bool:
     return _takes_lock
 
 
-# Every this many calls of a launch, the way of running it that is not chosen runs once,
-# so that the choice follows the machine's load
+# Every this many calls of a launch times the chosen way's lead, the way of running it
+# that is not chosen runs once, so that the choice follows the machine's load
 PROBE_EVERY = 256
 # The last runs of each way whose median is its time
 _SAMPLES = 5
@@ -193,10 +193,12 @@ class Pace:
     median of its last _SAMPLES runs, so that one slow run (a thread pool starting, a page
     fault) does not decide. A launch's first calls run in parallel; if those took less than
     PACE_LIMIT, the next ones run on the calling thread, and then each call takes the
-    faster way. The other way runs once every PROBE_EVERY calls, and at once when the
-    chosen way has slowed (_DRIFT); a run of the other way faster than the chosen way's
-    time is followed by another, so that a change of load moves the choice within a few
-    calls. The results are the same either way, bit for bit."""
+    faster way. The other way runs once every PROBE_EVERY calls times the chosen way's
+    lead (the other way's time over its own, less one), so that probing costs about
+    1/PROBE_EVERY of the launch's time however wide the lead, and at once when the chosen
+    way has slowed (_DRIFT); a run of the other way faster than the chosen way's time is
+    followed by another, so that a change of load moves the choice within a few calls. The
+    results are the same either way, bit for bit."""
 
     __slots__ = ("times", "medians", "calls", "long", "due", "mark")
 
@@ -205,7 +207,7 @@ class Pace:
         self.medians = [0.0, 0.0]
         self.calls = 0
         self.long = False  # whether the first parallel runs took PACE_LIMIT or more
-        self.due = 2 * _SAMPLES + PROBE_EVERY  # the call on which the other way runs next
+        self.due = 0  # the call on which the other way runs next, once both have run
         self.mark = 0.0  # the chosen way's time when the other way last ran
 
     def serial_now(self) -> bool:
@@ -239,15 +241,22 @@ class Pace:
         calls = self.calls
         if calls <= 2 * _SAMPLES:
             self.mark = min(medians)
+            self.due = self._probe_after(calls)
         elif serial == serial_chosen:
             if medians[serial] > max(_DRIFT * self.mark, (self.mark + medians[not serial]) / 2):
                 self.due = calls + 1
         elif (medians[1] < medians[0]) == serial:  # the other way ran, and is now chosen
             self.mark = medians[serial]
-            self.due = calls + PROBE_EVERY
+            self.due = self._probe_after(calls)
         else:  # the other way ran; once more next call if it beat the chosen way
             self.mark = chosen
-            self.due = calls + (1 if seconds < chosen else PROBE_EVERY)
+            self.due = calls + 1 if seconds < chosen else self._probe_after(calls)
+
+    def _probe_after(self, calls: int) -> int:
+        """The call on which the way not chosen runs next, counting from ``calls``."""
+        fast, slow = sorted(self.medians)
+        lead = slow / fast - 1 if fast > 0 else 1
+        return calls + int(PROBE_EVERY * max(1.0, lead))
 
 
 _forking_from_main_thread = True

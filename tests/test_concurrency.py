@@ -378,12 +378,17 @@ def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
     every = _threads.PROBE_EVERY
     short = _threads.PACE_LIMIT / 10
     pace = _threads.Pace()
-    # a busy machine: parallel runs take three times the serial time
-    first = _paced_calls(pace, 10, 3 * short, short)
+    # a busy machine: parallel runs take twice the serial time
+    first = _paced_calls(pace, 10, 2 * short, short)
     assert first == [False] * 5 + [True] * 5
-    ways = _paced_calls(pace, 2 * every, 3 * short, short)
+    ways = _paced_calls(pace, 2 * every, 2 * short, short)
     # the probes, one every PROBE_EVERY calls after the first ten
     assert [n for n, way in enumerate(ways) if not way] == [every - 1, 2 * every - 1]
+    # parallel runs five times the serial time: a lead of 4, a probe every 4 PROBE_EVERY
+    # calls, so that probing costs the same part of the launch's time
+    wide = _threads.Pace()
+    ways = _paced_calls(wide, 10 + 9 * every, 5 * short, short)[10:]
+    assert [n for n, way in enumerate(ways) if not way] == [4 * every - 1, 8 * every - 1]
     # the machine goes quiet: parallel runs take half the serial time; the next probe
     # wins, the runs that follow it win too, and the threads are back after three
     ways = _paced_calls(pace, every + 10, short / 2, short)
