@@ -178,6 +178,13 @@ _SAMPLES = 5
 # the canonical cases past 1 ms took at most 1.08 of their 1-thread time), and a serial
 # run, probing, would cost them more
 PACE_LIMIT = 1e-3
+# A serial run counts at this part of its time: a parallel way is chosen only where it has
+# been faster by a tenth, since under load its runs stall now and then (a thread that lost
+# its core mid-run holds the call up), which its median does not show, and since it takes
+# cores other work could use. Beside a busy core the global average over big planes ran
+# parallel at a median a few percent under its serial one and took 1.14 to 1.17 of its
+# 1-thread time.
+_SERIAL_WEIGHT = 0.9
 # The way not chosen runs at once when the chosen way's time has risen by this factor,
 # and past half its lead, since the other last ran: the load has changed
 _DRIFT = 1.125
@@ -193,17 +200,19 @@ class Pace:
     median of its last _SAMPLES runs, so that one slow run (a thread pool starting, a page
     fault) does not decide. A launch's first calls run in parallel; if those took less than
     PACE_LIMIT, the next ones run on the calling thread, and then each call takes the
-    faster way. The other way runs once every PROBE_EVERY calls times the chosen way's
-    lead (the other way's time over its own, less one), so that probing costs about
-    1/PROBE_EVERY of the launch's time however wide the lead, and at once when the chosen
-    way has slowed (_DRIFT); a run of the other way faster than the chosen way's time is
-    followed by another, so that a change of load moves the choice within a few calls. The
-    results are the same either way, bit for bit."""
+    faster way, a serial run counting at _SERIAL_WEIGHT of its time. The other way runs
+    once every PROBE_EVERY calls times the chosen way's lead (the other way's time over its
+    own, less one), so that probing costs about 1/PROBE_EVERY of the launch's time however
+    wide the lead, and at once when the chosen way has slowed (_DRIFT); a run of the other
+    way faster than the chosen way's time is followed by another, so that a change of load
+    moves the choice within a few calls. The results are the same either way, bit for
+    bit."""
 
     __slots__ = ("times", "medians", "calls", "long", "due", "mark")
 
     def __init__(self) -> None:
-        self.times = ([], [])  # the last runs' seconds: parallel, serial
+        # the last runs' seconds, parallel and serial (times _SERIAL_WEIGHT), and medians
+        self.times = ([], [])
         self.medians = [0.0, 0.0]
         self.calls = 0
         self.long = False  # whether the first parallel runs took PACE_LIMIT or more
@@ -228,6 +237,8 @@ class Pace:
     def record(self, serial: bool, seconds: float) -> None:
         """Take a run's time, ``serial`` or parallel, into that way's, and set when the
         way not chosen runs next."""
+        if serial:
+            seconds *= _SERIAL_WEIGHT
         medians = self.medians
         serial_chosen = medians[1] < medians[0]
         chosen = medians[serial_chosen]
