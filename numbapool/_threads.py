@@ -185,6 +185,11 @@ PACE_LIMIT = 1e-3
 # parallel at a median a few percent under its serial one and took 1.14 to 1.17 of its
 # 1-thread time.
 _SERIAL_WEIGHT = 0.9
+# The interval between runs of the way not chosen doubles with each such run that loses,
+# up to this many times: beside a busy core a parallel run slows the serial calls of the
+# next 20 ms by a few percent (the workers it woke), about 1 ms in all on the global
+# average over long channels
+_MOST_DOUBLINGS = 4
 # The way not chosen runs at once when the chosen way's time has risen by this factor,
 # and past half its lead, since the other last ran: the load has changed
 _DRIFT = 1.125
@@ -203,12 +208,12 @@ class Pace:
     faster way, a serial run counting at _SERIAL_WEIGHT of its time. The other way runs
     once every PROBE_EVERY calls times the chosen way's lead (the other way's time over its
     own, less one), so that probing costs about 1/PROBE_EVERY of the launch's time however
-    wide the lead, and at once when the chosen way has slowed (_DRIFT); a run of the other
-    way faster than the chosen way's time is followed by another, so that a change of load
-    moves the choice within a few calls. The results are the same either way, bit for
-    bit."""
+    wide the lead, the interval doubling with each such run that loses (_MOST_DOUBLINGS);
+    and at once when the chosen way has slowed (_DRIFT). A run of the other way faster than
+    the chosen way's time is followed by another, so that a change of load moves the
+    choice within a few calls. The results are the same either way, bit for bit."""
 
-    __slots__ = ("times", "medians", "calls", "long", "due", "mark")
+    __slots__ = ("times", "medians", "calls", "long", "due", "mark", "misses")
 
     def __init__(self) -> None:
         # the last runs' seconds, parallel and serial (times _SERIAL_WEIGHT), and medians
@@ -218,6 +223,7 @@ class Pace:
         self.long = False  # whether the first parallel runs took PACE_LIMIT or more
         self.due = 0  # the call on which the other way runs next, once both have run
         self.mark = 0.0  # the chosen way's time when the other way last ran
+        self.misses = 0  # the runs of the other way that lost since the choice last changed
 
     def serial_now(self) -> bool:
         """Whether this call runs on the calling thread alone."""
@@ -258,16 +264,21 @@ class Pace:
                 self.due = calls + 1
         elif (medians[1] < medians[0]) == serial:  # the other way ran, and is now chosen
             self.mark = medians[serial]
+            self.misses = 0
             self.due = self._probe_after(calls)
-        else:  # the other way ran; once more next call if it beat the chosen way
+        elif seconds < chosen:  # the other way ran and beat the chosen way: once more
             self.mark = chosen
-            self.due = calls + 1 if seconds < chosen else self._probe_after(calls)
+            self.due = calls + 1
+        else:
+            self.mark = chosen
+            self.misses += 1
+            self.due = self._probe_after(calls)
 
     def _probe_after(self, calls: int) -> int:
         """The call on which the way not chosen runs next, counting from ``calls``."""
         fast, slow = sorted(self.medians)
         lead = slow / fast - 1 if fast > 0 else 1
-        return calls + int(PROBE_EVERY * max(1.0, lead))
+        return calls + int(PROBE_EVERY * max(1.0, lead)) * 2 ** min(self.misses, _MOST_DOUBLINGS)
 
 
 _forking_from_main_thread = True

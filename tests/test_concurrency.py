@@ -383,19 +383,21 @@ def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
     # a busy machine: parallel runs take twice the serial time
     first = _paced_calls(pace, 10, 2 * short, serial)
     assert first == [False] * 5 + [True] * 5
-    ways = _paced_calls(pace, 2 * every, 2 * short, serial)
-    # the probes, one every PROBE_EVERY calls after the first ten
-    assert [n for n, way in enumerate(ways) if not way] == [every - 1, 2 * every - 1]
-    # parallel runs five times the serial time: a lead of 4, a probe every 4 PROBE_EVERY
-    # calls, so that probing costs the same part of the launch's time
+    ways = _paced_calls(pace, 7 * every, 2 * short, serial)
+    # the probes: PROBE_EVERY calls after the first ten, then at intervals that double
+    # as each probe loses
+    assert [n for n, way in enumerate(ways) if not way] == [every - 1, 3 * every - 1, 7 * every - 1]
+    # parallel runs five times the serial time: a lead of 4, the first probe after 4
+    # PROBE_EVERY calls, so that probing costs the same part of the launch's time
     wide = _threads.Pace()
-    ways = _paced_calls(wide, 10 + 9 * every, 5 * short, serial)[10:]
-    assert [n for n, way in enumerate(ways) if not way] == [4 * every - 1, 8 * every - 1]
+    ways = _paced_calls(wide, 10 + 12 * every, 5 * short, serial)[10:]
+    assert [n for n, way in enumerate(ways) if not way] == [4 * every - 1, 12 * every - 1]
     # the machine goes quiet: parallel runs take half the serial time; the next probe
-    # wins, the runs that follow it win too, and the threads are back after three
-    ways = _paced_calls(pace, every + 10, short / 2, serial)
-    assert ways.index(False) == every - 1
-    assert ways[every - 1 :] == [False] * 11
+    # (8 PROBE_EVERY calls after the last) wins, the runs that follow it win too, and the
+    # threads are back after three
+    ways = _paced_calls(pace, 8 * every + 10, short / 2, serial)
+    assert ways.index(False) == 8 * every - 1
+    assert ways[8 * every - 1 :] == [False] * 11
     assert pace.medians[0] < pace.medians[1]
     _paced_calls(pace, 1, 300 * short, serial)  # one slow parallel run
     assert _paced_calls(pace, 10, short / 2, serial) == [False] * 10
