@@ -257,7 +257,7 @@ def _drive(
         _run_driver(compiled[key], done, units, chunks, threads, arguments, call_arrays)
         return
     pace_key = ("pace", key, threads)
-    pace = compiled.get(pace_key) or compiled.setdefault(pace_key, _threads.Pace())
+    pace = compiled.get(pace_key) or compiled.setdefault(pace_key, _threads.Pace(threads))
     serial = pace.serial_now()
     start = time.perf_counter()
     if serial:

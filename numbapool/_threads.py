@@ -173,11 +173,13 @@ def _find_whether_lock_is_taken() -> bool:
 PROBE_EVERY = 256
 # The last runs of each way whose median is its time
 _SAMPLES = 5
-# Launches whose first parallel runs take longer than this always run in parallel: a
-# thread that loses its core costs them a smaller part of their time (beside a busy core
-# the canonical cases past 1 ms took at most 1.08 of their 1-thread time), and a serial
-# run, probing, would cost them more
-PACE_LIMIT = 1e-3
+# Launches whose first parallel runs, times the thread count, took longer than this always
+# run in parallel. That product bounds a serial run, which the pace must take to compare
+# the ways: past it, a serial run would be a delay a caller notices, and a thread that
+# loses its core costs the call a smaller part of its time (beside a busy core, the
+# canonical case past it on 2 threads, 1-d with indices at 24 ms, took 0.66 to 0.88 of
+# its 1-thread time)
+PACE_LIMIT = 20e-3
 # A serial run counts at this part of its time: a parallel way is chosen only where it has
 # been faster by a tenth, since under load its runs stall now and then (a thread that lost
 # its core mid-run holds the call up), which its median does not show, and since it takes
@@ -203,27 +205,47 @@ class Pace:
     runs again, which costs more than the call when the call is short: beside a busy core,
     parallel calls of 0.2 ms took 1.15 to 1.3 times their serial time. A way's time is the
     median of its last _SAMPLES runs, so that one slow run (a thread pool starting, a page
-    fault) does not decide. A launch's first calls run in parallel; if those took less than
-    PACE_LIMIT, the next ones run on the calling thread, and then each call takes the
-    faster way, a serial run counting at _SERIAL_WEIGHT of its time. The other way runs
-    once every PROBE_EVERY calls times the chosen way's lead (the other way's time over its
-    own, less one), so that probing costs about 1/PROBE_EVERY of the launch's time however
-    wide the lead, the interval doubling with each such run that loses (_MOST_DOUBLINGS);
-    and at once when the chosen way has slowed (_DRIFT). A run of the other way faster than
-    the chosen way's time is followed by another, so that a change of load moves the
-    choice within a few calls. The results are the same either way, bit for bit."""
+    fault) does not decide. The first run after a change of way is not counted and the way
+    runs again: it pays for the change (a parallel run after a stretch of serial ones wakes
+    the workers, and took 1.9 times a parallel run after parallel ones on the global
+    average over long channels, slower than a serial run).
 
-    __slots__ = ("times", "medians", "calls", "long", "due", "mark", "misses")
+    A launch's first _SAMPLES calls run in parallel; if those, times the thread count,
+    took less than PACE_LIMIT, the next run on the calling thread, and then each call takes the faster way, a serial
+    run counting at _SERIAL_WEIGHT of its time. The other way runs once every PROBE_EVERY
+    calls times the chosen way's lead (the other way's time over its own, less one), so
+    that probing costs about 1/PROBE_EVERY of the launch's time however wide the lead, the
+    interval doubling with each such run that loses (_MOST_DOUBLINGS); and at once when
+    the chosen way has slowed (_DRIFT). A run of the other way faster than the chosen way's
+    time is followed by another, so that a change of load moves the choice within a few
+    calls. The results are the same either way, bit for bit."""
 
-    def __init__(self) -> None:
-        # the last runs' seconds, parallel and serial (times _SERIAL_WEIGHT), and medians
+    __slots__ = (
+        "threads",
+        "times",
+        "medians",
+        "calls",
+        "long",
+        "due",
+        "mark",
+        "misses",
+        "last",
+        "again",
+    )
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        # the last counted runs' seconds, parallel and serial (times _SERIAL_WEIGHT), and
+        # their medians
         self.times = ([], [])
         self.medians = [0.0, 0.0]
         self.calls = 0
-        self.long = False  # whether the first parallel runs took PACE_LIMIT or more
+        self.long = False  # whether the first parallel runs were past PACE_LIMIT
         self.due = 0  # the call on which the other way runs next, once both have run
         self.mark = 0.0  # the chosen way's time when the other way last ran
         self.misses = 0  # the runs of the other way that lost since the choice last changed
+        self.last = False  # the way of the last run: serial or not
+        self.again = None  # the way the next call runs, after an uncounted run
 
     def serial_now(self) -> bool:
         """Whether this call runs on the calling thread alone."""
@@ -233,16 +255,21 @@ class Pace:
         parallel, serial = self.medians
         if calls <= _SAMPLES:
             return False
-        if calls == _SAMPLES + 1 and parallel >= PACE_LIMIT:
-            self.long = True
-            return False
-        if calls <= 2 * _SAMPLES:
-            return True
+        if calls == _SAMPLES + 1:
+            self.long = parallel * self.threads >= PACE_LIMIT
+            return not self.long
+        again = self.again
+        if again is not None:
+            self.again = None
+            return again
         return (serial < parallel) != (calls >= self.due)
 
     def record(self, serial: bool, seconds: float) -> None:
         """Take a run's time, ``serial`` or parallel, into that way's, and set when the
         way not chosen runs next."""
+        if serial != self.last:  # the first run after a change of way
+            self.last = self.again = serial
+            return
         if serial:
             seconds *= _SERIAL_WEIGHT
         medians = self.medians
@@ -256,9 +283,13 @@ class Pace:
         ordered = sorted(times)
         medians[serial] = ordered[len(ordered) // 2]
         calls = self.calls
-        if calls <= 2 * _SAMPLES:
+        if not self.times[True]:  # the first parallel runs
+            return
+        if serial and len(self.times[True]) == 1:  # the first serial run: the choice starts
             self.mark = min(medians)
-            self.due = self._probe_after(calls)
+            # the first parallel runs may have paid for starting up (page faults, workers
+            # starting): where the serial run beat them, parallel runs again at once
+            self.due = calls + 1 if medians[1] < medians[0] else self._probe_after(calls)
         elif serial == serial_chosen:
             if medians[serial] > max(_DRIFT * self.mark, (self.mark + medians[not serial]) / 2):
                 self.due = calls + 1

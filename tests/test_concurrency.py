@@ -2,6 +2,7 @@
 
 import concurrent.futures
 import errno
+import itertools
 import multiprocessing
 import os
 import subprocess
@@ -368,36 +369,58 @@ def _paced_calls(pace, calls: int, parallel: float, serial: float) -> list:
     return ways
 
 
+def _stretches(ways: list) -> list:
+    """(way, how many calls in a row) for each stretch of calls that ran one way."""
+    return [(way, len(list(calls))) for way, calls in itertools.groupby(ways)]
+
+
 def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
     # _threads.Pace, fed times rather than timed: parallel runs first, then serial ones,
     # then the faster by the median of its last runs (one slow run does not decide), and
-    # the other way once every PROBE_EVERY calls, or at once when the load changes; a
-    # launch whose parallel runs are long stays parallel
+    # the other way once every PROBE_EVERY calls, or at once when the load changes; the
+    # first run after a change of way is not counted, and the way runs again; a launch
+    # whose parallel runs are long stays parallel
     from numbapool import _threads
 
     every = _threads.PROBE_EVERY
-    short = _threads.PACE_LIMIT / 10
+    short = _threads.PACE_LIMIT / 2 / 10  # on 2 threads
     # a serial run counts at _SERIAL_WEIGHT of its time: these serial runs count as short
     serial = short / _threads._SERIAL_WEIGHT
-    pace = _threads.Pace()
-    # a busy machine: parallel runs take twice the serial time
-    first = _paced_calls(pace, 10, 2 * short, serial)
-    assert first == [False] * 5 + [True] * 5
-    ways = _paced_calls(pace, 7 * every, 2 * short, serial)
-    # the probes: PROBE_EVERY calls after the first ten, then at intervals that double
-    # as each probe loses
-    assert [n for n, way in enumerate(ways) if not way] == [every - 1, 3 * every - 1, 7 * every - 1]
-    # parallel runs five times the serial time: a lead of 4, the first probe after 4
-    # PROBE_EVERY calls, so that probing costs the same part of the launch's time
-    wide = _threads.Pace()
-    ways = _paced_calls(wide, 10 + 12 * every, 5 * short, serial)[10:]
-    assert [n for n, way in enumerate(ways) if not way] == [4 * every - 1, 12 * every - 1]
+    pace = _threads.Pace(2)
+    # a busy machine: parallel runs take twice the serial time (a lead of 1). The serial
+    # runs beat the first parallel ones, which may have paid for starting up, so parallel
+    # runs again at once; then PROBE_EVERY calls times 2, 4, ... later, as each of its
+    # runs loses. Each way runs twice after a change of way, the first run not counted
+    ways = _paced_calls(
+        pace, 5 + 2 + 2 + (2 * every - 1) + 2 + (4 * every - 1) + 2, 2 * short, serial
+    )
+    assert _stretches(ways) == [
+        (False, 5),
+        (True, 2),
+        (False, 2),
+        (True, 2 * every - 1),
+        (False, 2),
+        (True, 4 * every - 1),
+        (False, 2),
+    ]
+    # parallel runs five times the serial time: a lead of 4, a probe after 4 PROBE_EVERY
+    # calls (times 2 after the loss above), so that probing costs the same part of the
+    # launch's time
+    wide = _threads.Pace(2)
+    ways = _paced_calls(wide, 5 + 2 + 2 + (8 * every - 1) + 2, 5 * short, serial)
+    assert _stretches(ways) == [
+        (False, 5),
+        (True, 2),
+        (False, 2),
+        (True, 8 * every - 1),
+        (False, 2),
+    ]
     # the machine goes quiet: parallel runs take half the serial time; the next probe
     # (8 PROBE_EVERY calls after the last) wins, the runs that follow it win too, and the
-    # threads are back after three
-    ways = _paced_calls(pace, 8 * every + 10, short / 2, serial)
-    assert ways.index(False) == 8 * every - 1
-    assert ways[8 * every - 1 :] == [False] * 11
+    # threads are back for good
+    ways = _paced_calls(pace, 8 * every + 20, short / 2, serial)
+    (way, before), (after, _) = _stretches(ways)
+    assert way and before < 8 * every and not after
     assert pace.medians[0] < pace.medians[1]
     _paced_calls(pace, 1, 300 * short, serial)  # one slow parallel run
     assert _paced_calls(pace, 10, short / 2, serial) == [False] * 10
@@ -409,15 +432,41 @@ def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
     assert ways.index(True) <= 5
     # parallel runs only a little faster than serial ones (0.95 of their time) do not win
     # the calls: under load their stalls do not show in a median
-    close = _threads.Pace()
-    assert _paced_calls(close, 20, 0.95 * short, short)[10:] == [True] * 10
+    close = _threads.Pace(2)
+    assert _paced_calls(close, 20, 0.95 * short, short)[-10:] == [True] * 10
+    # the first parallel runs paid for starting up: three of five took longer than a serial
+    # run, the parallel runs after them half its time; the threads take the calls back
+    # within a few calls
+    starting = _threads.Pace(2)
+    ways, parallel_runs = [], 0
+    for _ in range(60):
+        way = starting.serial_now()
+        parallel_runs += not way
+        starting.record(way, serial if way else (3 * short if parallel_runs <= 3 else short / 2))
+        ways.append(way)
+    assert ways[-40:] == [False] * 40
+    # a parallel run after serial ones wakes the workers and takes longer than a serial
+    # run; the parallel runs after it take half the serial time: the threads win the calls
+    waking = _threads.Pace(2)
+    _paced_calls(waking, 7, 3 * short, serial)  # a busy start: the calling thread chosen
+    ways, last = [], True
+    for _ in range(4 * every):
+        way = waking.serial_now()
+        waking.record(way, serial if way else (1.5 if last else 0.5) * short)
+        ways.append(last := way)
+    assert ways[-2 * every :].count(True) <= 2  # a serial probe at most
 
-    long = _threads.Pace()
+    long = _threads.Pace(2)
     for _ in range(3 * _threads.PROBE_EVERY):
         assert not long.serial_now()
-        long.record(False, 2 * _threads.PACE_LIMIT)
+        long.record(False, _threads.PACE_LIMIT)
+    # the limit is on the parallel time times the thread count, which bounds a serial run:
+    # runs of a tenth of it are paced on 2 threads, not on 16
+    tenth = _threads.PACE_LIMIT / 10
+    assert _paced_calls(_threads.Pace(2), 7, tenth, tenth / 2)[5:] == [True, True]
+    assert _paced_calls(_threads.Pace(16), 7, tenth, tenth / 2) == [False] * 7
     # a short launch stays paced when load makes its parallel runs longer than the limit
-    busy = _threads.Pace()
+    busy = _threads.Pace(2)
     for number in range(3 * _threads.PROBE_EVERY):
         serial = busy.serial_now()
         slow = 10 * _threads.PACE_LIMIT if number >= 20 else short / 2
