@@ -205,8 +205,8 @@ class Pace:
     runs again, which costs more than the call when the call is short: beside a busy core,
     parallel calls of 0.2 ms took 1.15 to 1.3 times their serial time. A way's time is the
     median of its last _SAMPLES runs, so that one slow run (a thread pool starting, a page
-    fault) does not decide. The first run after a change of way is not counted and the way
-    runs again: it pays for the change (a parallel run after a stretch of serial ones wakes
+    fault) does not decide. The first run after a change of way, but a way's first, is not
+    counted and the way runs again: it pays for the change (a parallel run after a stretch of serial ones wakes
     the workers, and took 1.9 times a parallel run after parallel ones on the global
     average over long channels, slower than a serial run).
 
@@ -268,8 +268,10 @@ class Pace:
         """Take a run's time, ``serial`` or parallel, into that way's, and set when the
         way not chosen runs next."""
         if serial != self.last:  # the first run after a change of way
-            self.last = self.again = serial
-            return
+            self.last = serial
+            if self.times[serial]:  # not the first of its way: not counted
+                self.again = serial
+                return
         if serial:
             seconds *= _SERIAL_WEIGHT
         medians = self.medians

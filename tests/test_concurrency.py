@@ -390,13 +390,14 @@ def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
     # a busy machine: parallel runs take twice the serial time (a lead of 1). The serial
     # runs beat the first parallel ones, which may have paid for starting up, so parallel
     # runs again at once; then PROBE_EVERY calls times 2, 4, ... later, as each of its
-    # runs loses. Each way runs twice after a change of way, the first run not counted
+    # runs loses. Each way runs twice after a change of way, the first run not counted,
+    # but a way's first run
     ways = _paced_calls(
-        pace, 5 + 2 + 2 + (2 * every - 1) + 2 + (4 * every - 1) + 2, 2 * short, serial
+        pace, 5 + 1 + 2 + (2 * every - 1) + 2 + (4 * every - 1) + 2, 2 * short, serial
     )
     assert _stretches(ways) == [
         (False, 5),
-        (True, 2),
+        (True, 1),
         (False, 2),
         (True, 2 * every - 1),
         (False, 2),
@@ -407,10 +408,10 @@ def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
     # calls (times 2 after the loss above), so that probing costs the same part of the
     # launch's time
     wide = _threads.Pace(2)
-    ways = _paced_calls(wide, 5 + 2 + 2 + (8 * every - 1) + 2, 5 * short, serial)
+    ways = _paced_calls(wide, 5 + 1 + 2 + (8 * every - 1) + 2, 5 * short, serial)
     assert _stretches(ways) == [
         (False, 5),
-        (True, 2),
+        (True, 1),
         (False, 2),
         (True, 8 * every - 1),
         (False, 2),
@@ -448,7 +449,7 @@ def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
     # a parallel run after serial ones wakes the workers and takes longer than a serial
     # run; the parallel runs after it take half the serial time: the threads win the calls
     waking = _threads.Pace(2)
-    _paced_calls(waking, 7, 3 * short, serial)  # a busy start: the calling thread chosen
+    _paced_calls(waking, 6, 3 * short, serial)  # a busy start: the calling thread chosen
     ways, last = [], True
     for _ in range(4 * every):
         way = waking.serial_now()
@@ -463,8 +464,8 @@ def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
     # the limit is on the parallel time times the thread count, which bounds a serial run:
     # runs of a tenth of it are paced on 2 threads, not on 16
     tenth = _threads.PACE_LIMIT / 10
-    assert _paced_calls(_threads.Pace(2), 7, tenth, tenth / 2)[5:] == [True, True]
-    assert _paced_calls(_threads.Pace(16), 7, tenth, tenth / 2) == [False] * 7
+    assert _paced_calls(_threads.Pace(2), 6, tenth, tenth / 2)[5:] == [True]
+    assert _paced_calls(_threads.Pace(16), 6, tenth, tenth / 2) == [False] * 6
     # a short launch stays paced when load makes its parallel runs longer than the limit
     busy = _threads.Pace(2)
     for number in range(3 * _threads.PROBE_EVERY):
