@@ -198,12 +198,12 @@ _DRIFT = 1.125
 
 
 class Pace:
-    """Whether a short call that may go parallel runs on its threads or on the calling
-    thread alone, chosen by the time each way took on earlier calls of the same launch.
+    """Whether a call that may go parallel runs on its threads or on the calling thread
+    alone, chosen by the time each way took on earlier calls of the same launch.
 
     A thread that loses its core to another process holds up a parallel call until it
-    runs again, which costs more than the call when the call is short: beside a busy core,
-    parallel calls of 0.2 ms took 1.15 to 1.3 times their serial time. A way's time is the
+    runs again, which costs the most when the call is short: beside a busy core, parallel
+    calls of 0.2 ms took 1.15 to 1.3 times their serial time. A way's time is the
     median of its last _SAMPLES runs, so that one slow run (a thread pool starting, a page
     fault) does not decide. The first run after a change of way, but a way's first, is not
     counted and the way runs again: it pays for the change (a parallel run after a stretch of serial ones wakes
