@@ -192,6 +192,11 @@ _SERIAL_WEIGHT = 0.9
 # next 20 ms by a few percent (the workers it woke), about 1 ms in all on the global
 # average over long channels
 _MOST_DOUBLINGS = 4
+# After the choice changes, the way left runs again after PROBE_EVERY / 2**this calls
+# (times the lead), the interval doubling from there: a change that a passing load caused
+# (a spinning thread of another library, a burst of other work) is undone within 32 calls,
+# not 256
+_EARLY_HALVINGS = 3
 # The way not chosen runs at once when the chosen way's time has risen by this factor,
 # and past half its lead, since the other last ran: the load has changed
 _DRIFT = 1.125
@@ -243,7 +248,9 @@ class Pace:
         self.long = False  # whether the first parallel runs were past PACE_LIMIT
         self.due = 0  # the call on which the other way runs next, once both have run
         self.mark = 0.0  # the chosen way's time when the other way last ran
-        self.misses = 0  # the runs of the other way that lost since the choice last changed
+        # the runs of the other way that lost since the choice last changed, less
+        # _EARLY_HALVINGS after a change
+        self.misses = 0
         self.last = False  # the way of the last run: serial or not
         self.again = None  # the way the next call runs, after an uncounted run
 
@@ -292,13 +299,13 @@ class Pace:
             # the first parallel runs may have paid for starting up (page faults, workers
             # starting): where the serial run beat them, parallel runs again at once
             self.due = calls + 1 if medians[1] < medians[0] else self._probe_after(calls)
+        elif (medians[1] < medians[0]) != serial_chosen:  # this run changed the choice
+            self.mark = min(medians)
+            self.misses = -_EARLY_HALVINGS
+            self.due = self._probe_after(calls)
         elif serial == serial_chosen:
             if medians[serial] > max(_DRIFT * self.mark, (self.mark + medians[not serial]) / 2):
                 self.due = calls + 1
-        elif (medians[1] < medians[0]) == serial:  # the other way ran, and is now chosen
-            self.mark = medians[serial]
-            self.misses = 0
-            self.due = self._probe_after(calls)
         elif seconds < chosen:  # the other way ran and beat the chosen way: once more
             self.mark = chosen
             self.due = calls + 1
@@ -311,7 +318,8 @@ class Pace:
         """The call on which the way not chosen runs next, counting from ``calls``."""
         fast, slow = sorted(self.medians)
         lead = slow / fast - 1 if fast > 0 else 1
-        return calls + int(PROBE_EVERY * max(1.0, lead)) * 2 ** min(self.misses, _MOST_DOUBLINGS)
+        doublings = min(self.misses, _MOST_DOUBLINGS)
+        return calls + max(1, int(PROBE_EVERY * max(1.0, lead) * 2.0**doublings))
 
 
 _forking_from_main_thread = True

@@ -445,7 +445,16 @@ def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
         parallel_runs += not way
         starting.record(way, serial if way else (3 * short if parallel_runs <= 3 else short / 2))
         ways.append(way)
-    assert ways[-40:] == [False] * 40
+    assert ways[-40:].count(True) <= 2  # a probe of the calling thread at most
+    # a passing load sends a quiet launch to the calling thread; once it has passed, the
+    # threads take the calls back within PROBE_EVERY / 8 calls times the lead (2: the
+    # parallel runs took three times a serial one) and a few more, not PROBE_EVERY times
+    # the lead
+    passing = _threads.Pace(2)
+    _paced_calls(passing, 40, short / 2, serial)
+    assert _paced_calls(passing, 20, 3 * short, serial)[-5:] == [True] * 5
+    ways = _paced_calls(passing, every // 2, short / 2, serial)
+    assert ways.index(False) <= every // 4 and ways[-10:] == [False] * 10
     # a parallel run after serial ones wakes the workers and takes longer than a serial
     # run; the parallel runs after it take half the serial time: the threads win the calls
     waking = _threads.Pace(2)
@@ -455,7 +464,7 @@ def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
         way = waking.serial_now()
         waking.record(way, serial if way else (1.5 if last else 0.5) * short)
         ways.append(last := way)
-    assert ways[-2 * every :].count(True) <= 2  # a serial probe at most
+    assert ways[-2 * every :].count(True) <= 4  # two probes of the calling thread at most
 
     long = _threads.Pace(2)
     for _ in range(3 * _threads.PROBE_EVERY):
