@@ -208,22 +208,24 @@ class Pace:
 
     A thread that loses its core to another process holds up a parallel call until it
     runs again, which costs the most when the call is short: beside a busy core, parallel
-    calls of 0.2 ms took 1.15 to 1.3 times their serial time. A way's time is the
-    median of its last _SAMPLES runs, so that one slow run (a thread pool starting, a page
-    fault) does not decide. The first run after a change of way, but a way's first, is not
-    counted and the way runs again: it pays for the change (a parallel run after a stretch of serial ones wakes
-    the workers, and took 1.9 times a parallel run after parallel ones on the global
-    average over long channels, slower than a serial run).
+    calls of 0.2 ms took 1.15 to 1.3 times their serial time. A way's time is the median
+    of its last _SAMPLES runs, so that one slow run (a thread pool starting, a page fault)
+    does not decide. The first run after a change of way, but a way's first, is not
+    counted and the way runs again: it pays for the change (a parallel run after a stretch
+    of serial ones wakes the workers, and took 1.9 times a parallel run after parallel ones
+    on the global average over long channels, slower than a serial run).
 
     A launch's first _SAMPLES calls run in parallel; if those, times the thread count,
-    took less than PACE_LIMIT, the next run on the calling thread, and then each call takes the faster way, a serial
-    run counting at _SERIAL_WEIGHT of its time. The other way runs once every PROBE_EVERY
-    calls times the chosen way's lead (the other way's time over its own, less one), so
-    that probing costs about 1/PROBE_EVERY of the launch's time however wide the lead, the
-    interval doubling with each such run that loses (_MOST_DOUBLINGS); and at once when
-    the chosen way has slowed (_DRIFT). A run of the other way faster than the chosen way's
-    time is followed by another, so that a change of load moves the choice within a few
-    calls. The results are the same either way, bit for bit."""
+    took less than PACE_LIMIT, the next runs on the calling thread, and then each call
+    takes the faster way, a serial run counting at _SERIAL_WEIGHT of its time. The other
+    way runs once every PROBE_EVERY calls times the chosen way's lead (the other way's
+    time over its own, less one), so that probing costs about 1/PROBE_EVERY of the
+    launch's time however wide the lead; the interval doubles with each such run that
+    loses (_MOST_DOUBLINGS), starting from an eighth of it after the choice changes
+    (_EARLY_HALVINGS). It also runs at once when the chosen way has slowed (_DRIFT). A run
+    of the other way faster than the chosen way's time is followed by another, so that a
+    change of load moves the choice within a few calls. The results are the same either
+    way, bit for bit."""
 
     __slots__ = (
         "threads",
