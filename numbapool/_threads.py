@@ -308,13 +308,13 @@ class Pace:
         elif serial == serial_chosen:
             if medians[serial] > max(_DRIFT * self.mark, (self.mark + medians[not serial]) / 2):
                 self.due = calls + 1
-        elif seconds < chosen:  # the other way ran and beat the chosen way: once more
+        else:  # the other way ran: once more next call if it beat the chosen way
             self.mark = chosen
-            self.due = calls + 1
-        else:
-            self.mark = chosen
-            self.misses += 1
-            self.due = self._probe_after(calls)
+            if seconds < chosen:
+                self.due = calls + 1
+            else:
+                self.misses += 1
+                self.due = self._probe_after(calls)
 
     def _probe_after(self, calls: int) -> int:
         """The call on which the way not chosen runs next, counting from ``calls``."""
