@@ -256,8 +256,10 @@ def first_maxima(x):
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_global_max_at_every_place(dtype):
     # GlobalMaxPool reads a channel 512 bits at a time, its last elements in one masked load
-    # (global_vectors.vector_key_max): the largest element, a NaN or a zero at each place of
-    # channels whose lengths lie around the vector widths of every dtype
+    # (global_vectors.vector_key_max) or, for float32 and float64 channels at least a vector
+    # long, in the vector that ends at the channel's end (vector_float_max): the largest
+    # element, a NaN or a zero at each place of channels whose lengths lie around the vector
+    # widths of every dtype
     for length in (1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 49, 64, 65):
         negatives = -np.arange(1, length + 1, dtype=np.float64)
         channels = []
