@@ -6,8 +6,8 @@ float32 lanes side by side, the elements past the last whole run of lanes in loa
 lanes past the channel take no part (vectors.load_within). float32 elements, and float16
 and bfloat16 ones as codec.py stores them, decoded a vector at a time. GlobalMaxPool's
 largest of a channel (vector_float_max, and vector_key_max over the order keys of 16-bit
-floats) goes the same way, but that a float32 or float64 channel at least a vector long
-ends in the vector that ends at its end."""
+floats) goes the same way, but that a channel at least a vector long ends in the vector
+that ends at its end (_fold_last)."""
 
 from llvmlite import ir
 from numba import types
@@ -203,6 +203,29 @@ def add_to_lanes(typingctx, flat, start, count, lanes):
     return signature, codegen
 
 
+def _fold_last(builder, values, count, lanes, fold_ending_vector, fold_masked):
+    """The values of a maximum's loop after the elements past its last whole vector:
+    ``fold_ending_vector(values, offset)`` folds the vector at ``offset`` (count - lanes),
+    the one that ends at the channel's end, where count >= lanes (it overlaps the vector
+    before, which a maximum takes as once); ``fold_masked(values)`` folds a shorter
+    channel's elements in one masked load."""
+    one_vector = ir.Constant(I64, lanes)
+    with builder.if_else(builder.icmp_unsigned(">=", count, one_vector)) as (long, short):
+        with long:
+            long_values = fold_ending_vector(values, builder.sub(count, one_vector))
+            long_block = builder.block
+        with short:
+            short_values = fold_masked(values)
+            short_block = builder.block
+    merged = []
+    for from_long, from_short in zip(long_values, short_values):
+        phi = builder.phi(from_long.type)
+        phi.add_incoming(from_long, long_block)
+        phi.add_incoming(from_short, short_block)
+        merged.append(phi)
+    return merged
+
+
 @intrinsic
 def vector_key_max(typingctx, bits, start, count, magnitude_mask, sign_shift):
     """``(bits, start, count, magnitude_mask, sign_shift) -> (largest key, largest
@@ -247,21 +270,34 @@ def vector_key_max(typingctx, bits, start, count, magnitude_mask, sign_shift):
             [smallest, ir.Constant(vector, [0] * lanes)],
             lambda i, best: fold(best, keys_and_magnitudes(builder.load(vector_at(i), align=2))),
         )
-        inside = left_lanes(builder, count, whole, 0, lanes)
-        masked_load, _ = masked_memory(builder, vector, suffix)
-        loaded = load_within(
+
+        def fold_masked(best):
+            inside = left_lanes(builder, count, whole, 0, lanes)
+            masked_load, _ = masked_memory(builder, vector, suffix)
+            loaded = load_within(
+                builder,
+                vector_at(whole),
+                inside,
+                ir.Constant(vector, None),
+                fits_before(builder, start, whole, lanes, nitems),
+                masked_load,
+                2,
+            )
+            key, magnitude = keys_and_magnitudes(loaded)
+            key = builder.select(inside, key, smallest)  # lanes past the end: no part
+            magnitude = builder.select(inside, magnitude, ir.Constant(vector, [0] * lanes))
+            return fold(best, (key, magnitude))
+
+        best = _fold_last(
             builder,
-            vector_at(whole),
-            inside,
-            ir.Constant(vector, None),
-            fits_before(builder, start, whole, lanes, nitems),
-            masked_load,
-            2,
+            best,
+            count,
+            lanes,
+            lambda best, offset: fold(
+                best, keys_and_magnitudes(builder.load(vector_at(offset), align=2))
+            ),
+            fold_masked,
         )
-        key, magnitude = keys_and_magnitudes(loaded)
-        key = builder.select(inside, key, smallest)  # lanes past the end: no part
-        magnitude = builder.select(inside, magnitude, ir.Constant(vector, [0] * lanes))
-        best = fold(best, (key, magnitude))
         results = [
             builder.call(
                 declare(builder, f"llvm.vector.reduce.smax.{suffix}", scalar, [vector]), [value]
@@ -282,12 +318,11 @@ def vector_float_max(typingctx, flat, start, count):
     order keys (vector_key_max) take five integer operations, and one compare for the
     NaNs of both its halves (unordered is true where either lane is a NaN).
 
-    The elements past the last whole vector: where count >= the lanes of a vector, the
-    vector that ends at the channel's end, overlapping the one before (a maximum and a NaN
-    flag take an element twice as once); a shorter channel in one load
-    (vectors.load_within) whose lanes past the end hold -inf. On one core, the time of
-    GlobalMaxPool over 32x2048x7x7 float32 took 0.95 of its time when each half took a
-    compare and the last elements a masked load, over 4x256x56x56 0.79.
+    The elements past the last whole vector by _fold_last: the vector that ends at the
+    channel's end (a maximum and a NaN flag take an element twice as once), or a shorter
+    channel's in one load (vectors.load_within) whose lanes past the end hold -inf. On one
+    core, GlobalMaxPool over 32x2048x7x7 float32 took 0.95 of the time that a compare for
+    each half and a masked last vector took, over 4x256x56x56 0.79.
     """
     if not (
         isinstance(flat, types.Array)
@@ -333,29 +368,28 @@ def vector_float_max(typingctx, flat, start, count):
             [lowest, ir.Constant(flags, [0] * half)],
             lambda i, values: fold(values, builder.load(vector_at(i), align=4)),
         )
-        one_vector = ir.Constant(I64, lanes)
-        with builder.if_else(builder.icmp_unsigned(">=", count, one_vector)) as (long, short):
-            with long:
-                last = builder.load(vector_at(builder.sub(count, one_vector)), align=4)
-                long_values = fold(values, last)
-                long_block = builder.block
-            with short:
-                masked_load, _ = masked_memory(builder, vector, suffix)
-                loaded = load_within(
-                    builder,
-                    vector_at(whole),
-                    left_lanes(builder, count, whole, 0, lanes),
-                    lowest,
-                    fits_before(builder, start, whole, lanes, nitems),
-                    masked_load,
-                    4,
-                )
-                short_values = fold(values, loaded)
-                short_block = builder.block
-        best, nan = (builder.phi(value.type) for value in values)
-        for phi, from_long, from_short in zip((best, nan), long_values, short_values):
-            phi.add_incoming(from_long, long_block)
-            phi.add_incoming(from_short, short_block)
+
+        def fold_masked(values):
+            masked_load, _ = masked_memory(builder, vector, suffix)
+            loaded = load_within(
+                builder,
+                vector_at(whole),
+                left_lanes(builder, count, whole, 0, lanes),
+                lowest,
+                fits_before(builder, start, whole, lanes, nitems),
+                masked_load,
+                4,
+            )
+            return fold(values, loaded)
+
+        best, nan = _fold_last(
+            builder,
+            values,
+            count,
+            lanes,
+            lambda values, offset: fold(values, builder.load(vector_at(offset), align=4)),
+            fold_masked,
+        )
         # no NaN among the lanes kept, and a NaN anywhere rescans: maxnum's reduction
         largest = builder.call(
             declare(builder, f"llvm.vector.reduce.fmax.{suffix}", scalar, [vector]),
