@@ -33,7 +33,7 @@ from .max_vectors import (
     three_wide_step_two,
 )
 from .maxima import any_tie, border_max, fold_max_function, is_tie, max_run, nan_max, start_maxima
-from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead, prefetch_range
+from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead
 from .scratch import empty, full, release
 from .units import first_unit_row, tap_is_inside, unit_row
 
@@ -333,14 +333,10 @@ def column_units(
                     vector_fold,
                     False,
                 )
+            # no prefetch of the planes the next output plane steps over: asking for them
+            # took the 3-d case 1.06x as long on one core, float64 1.15x, 205 MB 1.14x
             if new_planes:
                 plane_state[0] = key
-                if prefetching:  # the planes the next output plane steps over
-                    prefetch_range(
-                        source,
-                        np.uint64(plane_starts[new_planes - 1] + plane.size),
-                        np.uint64(plane.size * axes[AXIS_STRIDE, height - 1]),
-                    )
         else:
             _fold_column_rows(columns, lo, hi, source, row_starts, inside_rows, vector_fold, True)
             if prefetching:
