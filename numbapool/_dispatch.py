@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _threads
-from ._kernels import choice, global_, parallel, unpool
+from ._kernels import choice, global_, parallel, prefetch, unpool
 from ._kernels.entry import EntryPoint
 from ._kernels.family import (
     SIGNED_BITS,
@@ -234,7 +234,15 @@ _SERIAL_PIECES = 64
 
 
 def _drive(
-    entry_point, units, chunks, threads, arguments, call_arrays: int, compiled: dict, key
+    entry_point,
+    units,
+    chunks,
+    threads,
+    arguments,
+    call_arrays: int,
+    compiled: dict,
+    key,
+    serial_arguments: tuple | None = None,
 ) -> None:
     """The parallel driver over ``entry_point`` (entry.Compiled), whose first
     ``call_arrays`` arguments are the call's own arrays, the rest the launch's; kept in
@@ -243,13 +251,17 @@ def _drive(
     entry point runs the units on this thread, a piece at a time; the driver, once ready,
     takes the units left. Once it is ready, a call runs on the calling thread alone
     instead where that has been the faster way for this launch and thread count
-    (_threads.Pace: under load)."""
+    (_threads.Pace: under load). A run on the calling thread alone takes
+    ``serial_arguments`` where given (GlobalMaxPool's reads ahead by a thread's share of
+    the input), else ``arguments``."""
+    if serial_arguments is None:
+        serial_arguments = arguments
     driver = compiled.get(key)
     done = 0
     if driver is None:
         piece = -(-units // _SERIAL_PIECES)
         while (ready := parallel.ready_driver()) is None:
-            entry_point.function(done, min(units, done + piece), *arguments)
+            entry_point.function(done, min(units, done + piece), *serial_arguments)
             done += piece
             if done >= units:
                 return
@@ -261,7 +273,7 @@ def _drive(
     serial = pace.serial_now()
     start = time.perf_counter()
     if serial:
-        entry_point.function(0, units, *arguments)
+        entry_point.function(0, units, *serial_arguments)
     else:
         _run_driver(driver, 0, units, chunks, threads, arguments, call_arrays)
     pace.record(serial, time.perf_counter() - start)
@@ -287,11 +299,13 @@ class GlobalCall(NamedTuple):
     dtype: np.dtype
     rows: tuple  # the input as (N*C, spatial elements)
     entry: EntryPoint  # the serial entry point
-    constants: tuple  # its trailing arguments
+    # its trailing arguments, indexed by whether a thread's share of the input is large
+    # enough to read ahead (prefetch.reads_ahead; only GlobalMaxPool's kernel takes it)
+    constants: tuple
     storage: np.dtype | None  # the storage dtype of 16-bit floats
     bits: np.dtype | None  # the dtype of the bits GlobalMaxPool compares
-    # "entry": the entry point compiled; "driver": the parallel driver compiled and its
-    # parallel.BlockCall; each once met
+    # "entry": the entry point compiled; ("driver", reads ahead?): the parallel driver
+    # compiled and its parallel.BlockCall; each once met
     compiled: dict
 
 
@@ -305,7 +319,10 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> GlobalCall
     bits = SIGNED_BITS[plan.dtype.itemsize] if "x_bits" in family.arrays else None
     kernels = (
         family.entry_point(kinds),
-        (*family.argument_values(request), *kinds),
+        tuple(
+            (*family.argument_values(request._replace(reads_ahead=ahead)), *kinds)
+            for ahead in (False, True)
+        ),
         STORAGE.get(plan.dtype),
         bits,
     )
@@ -340,23 +357,27 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
         arrays = (rows_in, rows_out)
     else:  # GlobalMaxPool: also their bits as signed integers
         arrays = (rows_in, rows_in.view(bits), rows_out, rows_out.view(bits))
-    arguments = (*arrays, *constants)
-    entry_point = compiled.get("entry") or compiled.setdefault("entry", entry.compile(arguments))
+    # the arguments of a run on the calling thread alone, which reads the whole input; a
+    # parallel run's below, each thread reading its share (prefetch.reads_ahead)
+    serial = (*arrays, *constants[prefetch.reads_ahead(x.nbytes, 1)])
+    entry_point = compiled.get("entry") or compiled.setdefault("entry", entry.compile(serial))
     threads = _threads.get_num_threads() if x.size >= _SERIAL_GLOBAL else 1
     guarded = _threads.enter_parallel(threads)
     try:
         if guarded is None:
-            entry_point.function(0, rows[0], *arguments)
+            entry_point.function(0, rows[0], *serial)
         else:
+            ahead = prefetch.reads_ahead(x.nbytes, threads)
             _drive(
                 entry_point,
                 rows[0],
                 min(rows[0], _GLOBAL_RUNS_PER_THREAD * threads),
                 threads,
-                arguments,
+                (*arrays, *constants[ahead]),
                 len(arrays),
                 compiled,
-                "driver",
+                ("driver", ahead),
+                serial,
             )
     finally:
         if guarded:

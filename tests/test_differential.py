@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import numbapool
 from numbapool import _plan
-from numbapool._kernels import columns, indexed, max_planes, planes, wide
+from numbapool._kernels import columns, indexed, max_planes, planes, prefetch, wide
 
 FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
 INTS = [np.int8, np.uint8]
@@ -253,13 +253,17 @@ def first_maxima(x):
     return expected
 
 
+@pytest.mark.parametrize("reads_ahead", [False, True])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_global_max_at_every_place(dtype):
+def test_global_max_at_every_place(dtype, reads_ahead, monkeypatch):
     # GlobalMaxPool reads a channel 512 bits at a time, its last elements in one masked load
     # (global_vectors.vector_key_max) or, for float32 and float64 channels at least a vector
     # long, in the vector that ends at the channel's end (vector_float_max): the largest
     # element, a NaN or a zero at each place of channels whose lengths lie around the vector
-    # widths of every dtype
+    # widths of every dtype; with reads_ahead, every call asks for memory ahead, as over a
+    # large input (prefetch.reads_ahead), which changes no result
+    if reads_ahead:
+        monkeypatch.setattr(prefetch, "SHARE_AHEAD_BYTES", 0)
     for length in (1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 49, 64, 65):
         negatives = -np.arange(1, length + 1, dtype=np.float64)
         channels = []
@@ -270,6 +274,15 @@ def test_global_max_at_every_place(dtype):
                 channels.append(channel)
         x = np.array(channels).astype(dtype).reshape(1, len(channels), length)
         assert numbapool.global_max_pool(x).tobytes() == first_maxima(x).tobytes(), length
+
+
+def test_a_thread_reads_ahead_from_a_share_of_the_cache():
+    # GlobalMaxPool's short channels ask for memory ahead where each thread reads at least
+    # SHARE_AHEAD_BYTES of the input: the same input on more threads may not
+    share = prefetch.SHARE_AHEAD_BYTES
+    assert share > 0
+    assert prefetch.reads_ahead(share, 1) and not prefetch.reads_ahead(share - 1, 1)
+    assert prefetch.reads_ahead(2 * share, 2) and not prefetch.reads_ahead(2 * share - 1, 2)
 
 
 @SETTINGS

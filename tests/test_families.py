@@ -36,16 +36,18 @@ _EXAMPLES = [
 
 
 def _chosen(op, x, attrs, indices):
-    """(kernel, kinds, argument values but the kinds) the dispatcher chose for the call."""
+    """(kernel, kinds, argument values but the kinds, for each way the call may run) the
+    dispatcher chose for the call: a global pool's with and without reading ahead."""
     if op in _GLOBAL:
         call = _dispatch._global_call(op, x.shape, x.dtype, float(attrs.get("p", 2.0)))
         kinds = call.entry.kinds
-        return call.entry.kernel, kinds, call.constants[: len(call.constants) - len(kinds)]
+        ways = [constants[: len(constants) - len(kinds)] for constants in call.constants]
+        return call.entry.kernel, kinds, ways
     plan = numbapool.plan(op, x.shape, x.dtype, **attrs)
     threads = 1 if _dispatch._runs_serially(plan) else numbapool.get_num_threads()
     launch = _dispatch._launch(plan, threads)
     entry, arguments = launch.indices_arguments if indices else (launch.entry, launch.arguments)
-    return entry.kernel, entry.kinds, arguments[: len(arguments) - len(entry.kinds)]
+    return entry.kernel, entry.kinds, [arguments[: len(arguments) - len(entry.kinds)]]
 
 
 def _family_of(kernel):
@@ -55,11 +57,12 @@ def _family_of(kernel):
 def _check_declared(op, x, attrs, indices):
     """The chosen family's kinds are among those it declares for the dtype, and its
     arguments have the types it declares (those warmup compiles)."""
-    kernel, kinds, values = _chosen(op, x, attrs, indices)
+    kernel, kinds, ways = _chosen(op, x, attrs, indices)
     family = _family_of(kernel)
     assert kinds in family.kinds(op, x.dtype)
     declared = family.argument_types(op, x.dtype)[len(family.arrays) :]
-    assert tuple(_numba.argument_type(kernel, value) for value in values) == declared
+    for values in ways:
+        assert tuple(_numba.argument_type(kernel, value) for value in values) == declared
     return family
 
 

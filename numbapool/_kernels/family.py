@@ -128,6 +128,9 @@ class GlobalRequest(NamedTuple):
     op: str
     dtype: np.dtype
     p: float = 2.0
+    # whether a thread's share of the input is large enough that GlobalMaxPool's short
+    # channels ask for memory ahead (prefetch.reads_ahead)
+    reads_ahead: bool = False
 
 
 def _signed_bits(dtype: np.dtype) -> np.dtype:
@@ -166,6 +169,7 @@ ARGUMENTS: dict[str, Callable] = {
     ),
     "inf_bits": lambda request: _signed_bits(request.dtype).type(_INF_BITS[request.dtype]),
     "sign_shift": lambda request: _signed_bits(request.dtype).type(8 * request.dtype.itemsize - 1),
+    "reads_ahead": lambda request: request.reads_ahead,
 }
 
 

@@ -31,12 +31,9 @@ BLOCK = 1024  # a multiple of global_vectors.LANES
 BLOCK_GROUP = 64
 # Channels summed side by side; channels whose results are proven together.
 GROUP = 16
-# Channels up to this many elements are short: their loops ask for memory ahead
+# Channels up to this many elements are short: their loops ask for memory ahead where a
+# thread's share of the input is large (prefetch.reads_ahead)
 SHORT_CHANNEL = 2048
-# Inputs of short channels from this size on ask for memory ahead (global_max_units); not
-# the windowed kernels' lower prefetch.PREFETCH_INPUT_BYTES, with which the global max over
-# 32x2048x7x7 (12.8 MB) took 1.15x as long
-SHORT_CHANNELS_AHEAD_BYTES = 16 << 20
 # 2**-53, the unit roundoff of float64
 EPSILON = np.finfo(np.float64).eps / 2
 
@@ -100,20 +97,20 @@ def _store_first_max_overload(
 
 
 @kernel()
-def global_max_units(begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, sign_shift):
+def global_max_units(
+    begin, end, x, bits, y, y_bits, magnitude_mask, inf_bits, sign_shift, reads_ahead
+):
     """The first largest element of each channel, bit for bit; a NaN gives the first NaN.
 
     Each channel's largest in explicit vectors (store_first_max); a channel whose largest
     is a zero or that holds a NaN is scanned again in order. ``bits`` are the elements' bit
     patterns as signed integers; ``magnitude_mask``, ``inf_bits`` and ``sign_shift`` have
     their type, so that the integer arithmetic stays in that width: as many elements per
-    vector as the dtype allows."""
+    vector as the dtype allows. ``reads_ahead`` (prefetch.reads_ahead): short channels ask
+    for memory ahead, their loads waiting on memory otherwise."""
     flat, flat_bits = flat_view(x), flat_view(bits)
     size = np.uint64(x.shape[1])
-    # short channels of an input past a share of the caches: their loads wait on memory
-    # (128x2048x7x7, 51 MB: 1.10x slower without), where inputs that stay in the caches
-    # gain nothing from asking ahead (32x2048x7x7, 12.8 MB: 0.94 without)
-    ahead = x.shape[1] <= SHORT_CHANNEL and x.size * x.itemsize >= SHORT_CHANNELS_AHEAD_BYTES
+    ahead = reads_ahead and x.shape[1] <= SHORT_CHANNEL
     for nc in range(begin, end):
         base = np.uint64(nc) * size
         if ahead:
@@ -357,7 +354,7 @@ MAX_FAMILY = Family(
     ops=("GlobalMaxPool",),
     serves=lambda request: (),
     kinds=lambda op, dtype: ((),),
-    arguments=("magnitude_mask", "inf_bits", "sign_shift"),
+    arguments=("magnitude_mask", "inf_bits", "sign_shift", "reads_ahead"),
     arrays=("x", "x_bits", "channels_out", "channels_out_bits"),
     examples=(("GlobalMaxPool", _EXAMPLE, {}),),
 )
