@@ -252,7 +252,7 @@ def _drive(
     takes the units left. Once it is ready, a call runs on the calling thread alone
     instead where that has been the faster way for this launch and thread count
     (_threads.Pace: under load). A run on the calling thread alone takes
-    ``serial_arguments`` where given (GlobalMaxPool's reads ahead by a thread's share of
+    ``serial_arguments`` where given (a global pool reads ahead by a thread's share of
     the input), else ``arguments``."""
     if serial_arguments is None:
         serial_arguments = arguments
@@ -300,7 +300,8 @@ class GlobalCall(NamedTuple):
     rows: tuple  # the input as (N*C, spatial elements)
     entry: EntryPoint  # the serial entry point
     # its trailing arguments, indexed by whether a thread's share of the input is large
-    # enough to read ahead (prefetch.reads_ahead; only GlobalMaxPool's kernel takes it)
+    # enough to read ahead (prefetch.reads_ahead; a kernel that does not take it ignores
+    # it)
     constants: tuple
     storage: np.dtype | None  # the storage dtype of 16-bit floats
     bits: np.dtype | None  # the dtype of the bits GlobalMaxPool compares

@@ -276,6 +276,23 @@ def test_global_max_at_every_place(dtype, reads_ahead, monkeypatch):
         assert numbapool.global_max_pool(x).tobytes() == first_maxima(x).tobytes(), length
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_global_average_reading_ahead_keeps_its_bits(dtype, monkeypatch):
+    # a thread that reads ahead (prefetch.reads_ahead, here on every call) sums the same
+    # terms in the same order: the same bits as without, and the reference's value
+    x = np.random.default_rng(7).standard_normal((2, 300, 7, 7)).astype(dtype)
+    expected = numbapool.global_average_pool(x)
+    monkeypatch.setattr(prefetch, "SHARE_AHEAD_BYTES", 0)
+    got = numbapool.global_average_pool(x)
+    assert got.tobytes() == expected.tobytes()
+    _check_float(
+        got,
+        reference.global_pool("GlobalAveragePool", x),
+        x.dtype,
+        _global_average_accumulation(x),
+    )
+
+
 def test_a_thread_reads_ahead_from_a_share_of_the_cache():
     # GlobalMaxPool's short channels ask for memory ahead where each thread reads at least
     # SHARE_AHEAD_BYTES of the input: the same input on more threads may not

@@ -128,8 +128,8 @@ class GlobalRequest(NamedTuple):
     op: str
     dtype: np.dtype
     p: float = 2.0
-    # whether a thread's share of the input is large enough that GlobalMaxPool's short
-    # channels ask for memory ahead (prefetch.reads_ahead)
+    # whether a thread's share of the input is large enough that short channels ask for
+    # memory ahead (prefetch.reads_ahead)
     reads_ahead: bool = False
 
 

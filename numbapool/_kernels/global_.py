@@ -244,10 +244,12 @@ def channel_block_sums(flat, base, size):
 
 
 @kernel()
-def block_sum_units(begin, end, x, y):
+def block_sum_units(begin, end, x, y, reads_ahead):
     """GlobalAveragePool's channels [begin, end) for results narrower than float64: each
     the sum of its float32 block sums in float64, over the channel's size. The means of
-    BLOCK_GROUP channels at a time, in a loop that vectorizes the divisions."""
+    BLOCK_GROUP channels at a time, in a loop that vectorizes the divisions.
+    ``reads_ahead`` (prefetch.reads_ahead): channels of one block ask for memory ahead
+    (32x2048x7x7 on one core: 0.74 of the time)."""
     flat = flat_view(x)
     size = np.uint64(x.shape[1])
     count = np.float64(x.shape[1])  # the divisor, converted once
@@ -256,7 +258,10 @@ def block_sum_units(begin, end, x, y):
         channels = min(BLOCK_GROUP, end - first)
         if size <= BLOCK:  # a block a channel, with no loop over blocks: 0.8 of the time
             for k in range(channels):
-                totals[k] = np.float64(block_sum(flat, np.uint64(first + k) * size, size))
+                base = np.uint64(first + k) * size
+                if reads_ahead:
+                    prefetch_ahead(flat, base, size)
+                totals[k] = np.float64(block_sum(flat, base, size))
         else:
             for k in range(channels):
                 totals[k] = channel_block_sums(flat, np.uint64(first + k) * size, size)
@@ -364,7 +369,7 @@ BLOCK_SUM_FAMILY = Family(
     ops=("GlobalAveragePool",),
     serves=lambda request: () if _narrow(request.dtype) else None,
     kinds=lambda op, dtype: ((),) if _narrow(dtype) else (),
-    arguments=(),
+    arguments=("reads_ahead",),
     arrays=("x", "channels_out"),
     examples=(("GlobalAveragePool", _EXAMPLE, {}),),
 )

@@ -102,9 +102,10 @@ SHARE_AHEAD_BYTES = (_last_level_cache_bytes() or 32 << 20) // 4
 def reads_ahead(input_bytes: int, threads: int) -> bool:
     """Whether each of ``threads`` threads reads so much of an input of ``input_bytes``
     that loops over short stretches of it should ask for memory ahead (global_.
-    global_max_units): a share of SHARE_AHEAD_BYTES or more. One core's loads over short
-    channels then wait on memory; over less, the caches hold what it reads, and asking
-    only costs. GlobalMaxPool over 7x7 channels on a 32 MiB L3, with against without:
-    on one core 12.8 MB 0.59 to 0.61 of the time, 9.6 MB 0.82, but 6.4 MB 1.16x and
-    3.2 MB 1.19x as long; at 2 threads 12.8 MB 1.00, 9.6 MB 1.15x as long."""
+    global_max_units, block_sum_units): a share of SHARE_AHEAD_BYTES or more. One core's
+    loads over short channels then wait on memory; over less, the caches hold what it
+    reads, and asking only costs. GlobalMaxPool over 7x7 channels on a 32 MiB L3, with
+    against without: on one core 12.8 MB 0.59 to 0.61 of the time, 9.6 MB 0.82, but
+    6.4 MB 1.16x and 3.2 MB 1.19x as long; at 2 threads 12.8 MB 1.00, 9.6 MB 1.15x as
+    long."""
     return input_bytes >= threads * SHARE_AHEAD_BYTES
