@@ -300,8 +300,8 @@ class GlobalCall(NamedTuple):
     rows: tuple  # the input as (N*C, spatial elements)
     entry: EntryPoint  # the serial entry point
     # its trailing arguments, indexed by whether a thread's share of the input is large
-    # enough to read ahead (prefetch.reads_ahead; a kernel that does not take it ignores
-    # it)
+    # enough to read ahead (prefetch.reads_ahead); the two are the same for a family
+    # whose kernel takes no reads_ahead
     constants: tuple
     storage: np.dtype | None  # the storage dtype of 16-bit floats
     bits: np.dtype | None  # the dtype of the bits GlobalMaxPool compares
