@@ -10,8 +10,9 @@ Method, so that a ratio means something on a small, noisy machine:
   f32 precision; JAX with the input on the device beforehand and ``jax_enable_x64``;
 * each peer runs the cases it expresses directly (the peers are the ``bench`` extra: any
   not installed is left out);
-* engines run interleaved, in blocks of at least ``BLOCK_SECONDS`` each, round after round;
-  a time is the median over rounds, a ratio the median of the per-round ratios;
+* engines run interleaved, in blocks of at least ``BLOCK_SECONDS`` each, round after round,
+  each block after ``WARMUP_SECONDS`` of untimed calls of its engine; a time is the median
+  over rounds, a ratio the median of the per-round ratios;
 * the roofline is (bytes read + bytes written) / the bandwidth of a streaming copy with the
   same threads, timed in each round beside the engines (a block of its own): numbapool's
   ratio to it is the median of the per-round ratios, as for the peers, so that the copy and
@@ -30,10 +31,23 @@ import numpy as np
 from ._cases import CASES, CASES_BY_NAME, SCALING_CASES, Case, make_input, ready, run, runner
 
 BLOCK_SECONDS = 0.025
+# Untimed calls that open each engine's block in the side-by-side table, so that no
+# engine's time carries the engine before it: after the streaming copy a call reads its
+# input from memory again (numbapool's global average over long channels took 2.3 times
+# as long for 2 ms), and after torch's block its OpenMP threads spin on for about 10 ms,
+# while a 2-thread call of another engine took 2.5 to 3 times as long.
+WARMUP_SECONDS = 0.015
 
 
-def _timed_block(function) -> float:
-    """Seconds per call, over a block of calls lasting at least BLOCK_SECONDS."""
+def _timed_block(function, warmup: float = 0.0) -> float:
+    """Seconds per call, over a block of calls lasting at least BLOCK_SECONDS, after
+    untimed calls lasting ``warmup`` seconds (at least one call where it is not 0)."""
+    if warmup:
+        end = time.perf_counter() + warmup
+        while True:
+            function()
+            if time.perf_counter() >= end:
+                break
     calls = 0
     start = time.perf_counter()
     while True:
@@ -300,7 +314,7 @@ def measure(case: Case, threads: int, rounds: int, copy) -> dict:
     order = list(engines)
     for r in range(rounds):
         for name in order[r % len(order) :] + order[: r % len(order)]:  # rotate who goes first
-            times[name].append(_timed_block(engines[name]))
+            times[name].append(_timed_block(engines[name], WARMUP_SECONDS))
     return summarize(case.name, times, bytes_moved, copy_bytes)
 
 

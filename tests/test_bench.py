@@ -70,6 +70,29 @@ def _cores_named(text: str) -> list:
     return cores
 
 
+def test_a_block_times_only_the_calls_after_its_warmup(monkeypatch):
+    # a clock that moves 10 ms at each reading: the warmup's calls are made and left out
+    readings = iter(range(1000))
+    monkeypatch.setattr(_bench.time, "perf_counter", lambda: next(readings) * 0.01)
+    calls = []
+    seconds = _bench._timed_block(lambda: calls.append(None), warmup=0.02)
+    # warmup: readings 0 (start), 1 and 2 after its two calls; then the block: reading 3
+    # (start), and 4, 5 and 6 after its three calls, 30 ms in all
+    assert len(calls) == 5
+    assert seconds == pytest.approx(0.01)
+
+
+def test_each_engine_s_block_starts_after_its_warmup(monkeypatch):
+    warmups = []
+    monkeypatch.setattr(
+        _bench, "_timed_block", lambda function, warmup=0.0: warmups.append(warmup) or 1e-3
+    )
+    monkeypatch.setattr(_bench, "_peer_runners", lambda case, x, threads: {})
+    copy = (lambda: None, 1)
+    _bench.measure(_cases.CASES_BY_NAME["tiny"], 1, 3, copy)
+    assert warmups == [_bench.WARMUP_SECONDS] * 6  # numbapool and the copy, 3 rounds
+
+
 def test_cores_are_described_as_runs():
     assert _bench.describe_cores([0, 1, 2, 5, 7, 8]) == "cores: 0-2,5,7-8"
     assert _bench.describe_cores([3]) == "cores: 3"
