@@ -192,11 +192,15 @@ _SERIAL_WEIGHT = 0.9
 # next 20 ms by a few percent (the workers it woke), about 1 ms in all on the global
 # average over long channels
 _MOST_DOUBLINGS = 4
-# After the choice changes, the way left runs again after PROBE_EVERY / 2**this calls
-# (times the lead), the interval doubling from there: a change that a passing load caused
-# (a spinning thread of another library, a burst of other work) is undone within 32 calls,
-# not 256
-_EARLY_HALVINGS = 3
+# After the choice changes to the calling thread, the threads run again after
+# PROBE_EVERY / 2**this calls (times the lead), the interval doubling from there: a change
+# that a passing load caused (a spinning thread of another library, a burst of other work,
+# the first calls of a burst after idle time, caches and workers cold) is undone within 8
+# calls, not 256. A change back to the threads probes the calling thread after the full
+# interval. In bursts like the bench's (a streaming copy, then 40 ms of calls), against
+# 32 calls and early probes after a change back: GlobalMaxPool over 32x2048x7x7 on 2
+# threads 0.94 of the time, 632 calls of 6009 on the calling thread against 1924 of 5360
+_EARLY_HALVINGS = 5
 # The way not chosen runs at once when the chosen way's time has risen by this factor,
 # and past half its lead, since the other last ran: the load has changed
 _DRIFT = 1.125
@@ -221,11 +225,11 @@ class Pace:
     way runs once every PROBE_EVERY calls times the chosen way's lead (the other way's
     time over its own, less one), so that probing costs about 1/PROBE_EVERY of the
     launch's time however wide the lead; the interval doubles with each such run that
-    loses (_MOST_DOUBLINGS), starting from an eighth of it after the choice changes
-    (_EARLY_HALVINGS). It also runs at once when the chosen way has slowed (_DRIFT). A run
-    of the other way faster than the chosen way's time is followed by another, so that a
-    change of load moves the choice within a few calls. The results are the same either
-    way, bit for bit."""
+    loses (_MOST_DOUBLINGS), starting from a thirty-second of it after the choice changes
+    to the calling thread (_EARLY_HALVINGS). It also runs at once when the chosen way has
+    slowed (_DRIFT). A run of the other way faster than the chosen way's time is followed
+    by another, so that a change of load moves the choice within a few calls. The results
+    are the same either way, bit for bit."""
 
     __slots__ = (
         "threads",
@@ -303,7 +307,9 @@ class Pace:
             self.due = calls + 1 if medians[1] < medians[0] else self._probe_after(calls)
         elif (medians[1] < medians[0]) != serial_chosen:  # this run changed the choice
             self.mark = min(medians)
-            self.misses = -_EARLY_HALVINGS
+            # back to the threads: the calling thread has just lost, and a load that
+            # comes back shows in the threads' drift (below)
+            self.misses = 0 if serial_chosen else -_EARLY_HALVINGS
             self.due = self._probe_after(calls)
         elif serial == serial_chosen:
             if medians[serial] > max(_DRIFT * self.mark, (self.mark + medians[not serial]) / 2):

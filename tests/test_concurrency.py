@@ -427,10 +427,17 @@ def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
     assert _paced_calls(pace, 10, short / 2, serial) == [False] * 10
     # load comes back: the parallel runs slow to 0.9 of the serial time measured before,
     # while the serial runs now take 0.6 of it; the chosen way's slowing sends the next
-    # calls to the calling thread, which keeps them, long before the next probe
-    ways = _paced_calls(pace, 20, 0.9 * short, 0.6 * short)
-    assert ways[-10:] == [True] * 10
+    # calls to the calling thread, long before the next probe, which keeps them but for
+    # probes of the threads PROBE_EVERY / 32 calls after the change (times the lead, 1
+    # here), then twice that, each probe two runs
+    ways = _paced_calls(pace, 40, 0.9 * short, 0.6 * short)
     assert ways.index(True) <= 5
+    early = every >> _threads._EARLY_HALVINGS
+    assert _stretches(ways[ways.index(True) :])[1:4] == [
+        (False, 2),
+        (True, 2 * early - 1),
+        (False, 2),
+    ]
     # parallel runs only a little faster than serial ones (0.95 of their time) do not win
     # the calls: under load their stalls do not show in a median
     close = _threads.Pace(2)
@@ -447,14 +454,30 @@ def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
         ways.append(way)
     assert ways[-40:].count(True) <= 2  # a probe of the calling thread at most
     # a passing load sends a quiet launch to the calling thread; once it has passed, the
-    # threads take the calls back within PROBE_EVERY / 8 calls times the lead (2: the
-    # parallel runs took three times a serial one) and a few more, not PROBE_EVERY times
-    # the lead
+    # threads take the calls back within a quarter of PROBE_EVERY calls (the probes after
+    # the change, PROBE_EVERY / 32 calls times the lead and then twice that), not
+    # PROBE_EVERY times the lead
     passing = _threads.Pace(2)
     _paced_calls(passing, 40, short / 2, serial)
-    assert _paced_calls(passing, 20, 3 * short, serial)[-5:] == [True] * 5
+    assert _paced_calls(passing, 20, 3 * short, serial)[5:15] == [True] * 10
     ways = _paced_calls(passing, every // 2, short / 2, serial)
     assert ways.index(False) <= every // 4 and ways[-10:] == [False] * 10
+    # a burst's first calls after idle time (caches and workers cold): three parallel runs
+    # take three times a serial run and send a quiet launch to the calling thread; the
+    # threads win the calls back at their first probe, and the calling thread is next
+    # probed PROBE_EVERY calls later (times the lead, 1 here), not an eighth of that
+    bursting = _threads.Pace(2)
+    _paced_calls(bursting, 40, short / 2, serial)
+    slow = iter([3 * short] * 3)
+    ways = []
+    for _ in range(2 * every):
+        way = bursting.serial_now()
+        bursting.record(way, serial if way else next(slow, short / 2))
+        ways.append(way)
+    stretches = _stretches(ways)
+    assert stretches[0] == (False, 3) and stretches[1][0]
+    assert stretches[1][1] <= 3 * early  # the calling thread's calls, times the lead (2)
+    assert not stretches[2][0] and stretches[2][1] >= every
     # a parallel run after serial ones wakes the workers and takes longer than a serial
     # run; the parallel runs after it take half the serial time: the threads win the calls
     waking = _threads.Pace(2)
