@@ -125,10 +125,26 @@ def _add_to_lanes(builder, data, start, count, end, storage, lanes):
                         builder.icmp_unsigned(">", left, ir.Constant(I32, k * WIDTH))
                     ):
                         offset = builder.add(whole, ir.Constant(I64, k * WIDTH))
-                        loaded = builder.select(
-                            inside(k), builder.load(vector_at(offset), align=2), zero
+                        loaded = builder.load(vector_at(offset), align=2)
+                        # the lanes past the elements selected away only in the vector the
+                        # elements end in: over 7x7 channels 0.90 to 0.94 of the time of
+                        # a select in every vector (which LLVM makes of a branch around
+                        # the select alone)
+                        ends_past = builder.icmp_unsigned(
+                            ">=", left, ir.Constant(I32, (k + 1) * WIDTH)
                         )
-                        added = add_loaded(value, loaded)
+                        with builder.if_else(ends_past) as (whole_vector, ending):
+                            with whole_vector:
+                                all_lanes = add_loaded(value, loaded)
+                                all_block = builder.block
+                            with ending:
+                                some_lanes = add_loaded(
+                                    value, builder.select(inside(k), loaded, zero)
+                                )
+                                some_block = builder.block
+                        added = builder.phi(_V32)
+                        added.add_incoming(all_lanes, all_block)
+                        added.add_incoming(some_lanes, some_block)
                         taken = builder.block
                     phi = builder.phi(_V32)
                     phi.add_incoming(value, skipped)
