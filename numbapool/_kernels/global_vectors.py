@@ -110,10 +110,10 @@ def _add_to_lanes(builder, data, start, count, end, storage, lanes):
 
     # The elements past the last whole LANES. Where the LANES elements from them lie
     # inside the array (every channel but the last few), each vector that holds one of
-    # them is a plain load whose lanes past them are selected away, in a branch of its
-    # own taken the same way channel after channel; near the array's end, masked loads.
-    # One check of the array's end for the whole tail, not one per vector: over 7x7
-    # channels, where the tail is each channel's whole sum, 0.81 to 0.85 of the time.
+    # them is a plain load, in a branch of its own taken the same way channel after
+    # channel; near the array's end, masked loads. One check of the array's end for the
+    # whole tail, not one per vector: over 7x7 channels, where the tail is each channel's
+    # whole sum, 0.81 to 0.85 of the time.
     before = builder.block
     with builder.if_then(builder.icmp_unsigned("!=", left, ir.Constant(I32, 0))):
         with builder.if_else(fits_before(builder, start, whole, LANES, end)) as (inner, edge):
@@ -170,20 +170,21 @@ def _add_to_lanes(builder, data, start, count, end, storage, lanes):
                     for k, value in enumerate(values)
                 ]
                 edge_block = builder.block
-        tail_values = []
-        for inner_value, edge_value in zip(straight, at_edge):
-            phi = builder.phi(_V32)
-            phi.add_incoming(inner_value, inner_block)
-            phi.add_incoming(edge_value, edge_block)
-            tail_values.append(phi)
+        tail_values = _joined(builder, (straight, inner_block), (at_edge, edge_block))
         with_tail = builder.block
-    results = []
-    for value, tail_value in zip(values, tail_values):
+    return _joined(builder, (values, before), (tail_values, with_tail))
+
+
+def _joined(builder, *incoming):
+    """Where branches meet: a phi for each vector, taking its value in each of the
+    (vectors, block) pairs ``incoming`` from that block."""
+    phis = []
+    for vectors in zip(*(vectors for vectors, _ in incoming)):
         phi = builder.phi(_V32)
-        phi.add_incoming(value, before)
-        phi.add_incoming(tail_value, with_tail)
-        results.append(phi)
-    return results
+        for vector, (_, block) in zip(vectors, incoming):
+            phi.add_incoming(vector, block)
+        phis.append(phi)
+    return phis
 
 
 def _lane_tree(builder, vectors):
