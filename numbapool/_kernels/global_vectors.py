@@ -4,10 +4,10 @@ GlobalAveragePool's float32 block sums (block_sum, add_to_lanes): their order is
 of docs/semantics.md, lane by lane, which numba's loop would not keep; four vectors of
 float32 lanes side by side, the elements past the last whole run of lanes in loads whose
 lanes past the channel take no part. float32 elements, and float16 and bfloat16 ones as
-codec.py stores them, decoded a vector at a time. GlobalMaxPool's
-largest of a channel (vector_float_max, and vector_key_max over the order keys of 16-bit
-floats) goes the same way, but that a channel at least a vector long ends in the vector
-that ends at its end (_fold_last)."""
+codec.py stores them, decoded a vector at a time. GlobalMaxPool's largest of a channel
+(vector_float_max, and vector_key_max over the order keys of 16-bit floats) goes the same
+way, but that a channel at least a vector long ends in the vector that ends at its end
+(_fold_last)."""
 
 from llvmlite import ir
 from numba import types
