@@ -43,6 +43,7 @@ def info() -> dict:
         "numpy": np.__version__,
         "llvmlite": llvmlite.__version__,
         "python": platform.python_version(),
+        "parallel_calls": _threads.parallel_path(),
         "threading_layer": _threads.threading_layer(),
         "threading_layer_requested": numba.config.THREADING_LAYER,
         "threads": numbapool.get_num_threads(),

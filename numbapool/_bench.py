@@ -547,8 +547,8 @@ def under_load(threads: int, busy_cores: list, rounds: int, cases=CASES, cores: 
         lines.append(f"| {case.name} | " + " | ".join(cells) + " |")
         print(f"  {case.name}: done", flush=True)
     lines[0] = (
-        f"threads: {threads}; {cores + '; ' if cores else ''}threading layer: "
-        f"{_threads.threading_layer()}; busy: one spinning process on each of cores "
+        f"threads: {threads}; {cores + '; ' if cores else ''}parallel calls: "
+        f"{_threads.parallel_path()}; busy: one spinning process on each of cores "
         f"{', '.join(map(str, busy_cores))}"
     )
     return "\n".join(lines)

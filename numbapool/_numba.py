@@ -23,8 +23,8 @@ the table of what each reach buys today.
 3. The disk cache's classes (njit_cached, cache_directory_for, in_disk_cache):
    ``FunctionCache`` and ``IndexDataCacheFile`` and their private methods, the cache
    locators, ``rtsys.initialize`` and a dispatcher's ``_cache``.
-4. Calls by address (compiled_overload, call_at_address, compile_trampoline,
-   array_fields): a dispatcher's ``overloads`` and ``typeof_pyval``, the calling
+4. Calls by address (compiled_overload, call_at_address, call_at_address_failed,
+   compile_trampoline, array_fields): a dispatcher's ``overloads`` and ``typeof_pyval``, the calling
    convention, the argument packer, the array data model, code libraries and the compiler
    lock.
 5. The runtime's C functions (allocate_aligned, data_of, release_meminfo, raise_in_kernel,
@@ -677,15 +677,26 @@ def _status_and_exception_first(function_type, argument_types: tuple) -> None:
         )
 
 
-def call_at_address(context, builder, address, argument_types: tuple, values: list) -> None:
-    """Emit a call of the compiled function at ``address`` (taking ``argument_types``,
-    returning nothing) in numba's calling convention; an error it raises propagates."""
+def _call_by_address(context, builder, address, argument_types: tuple, values: list):
     function_type = context.call_conv.get_function_type(types.none, argument_types)
     _status_and_exception_first(function_type, argument_types)
     callee = builder.inttoptr(address, function_type.as_pointer())
     status, _ = context.call_conv.call_function(builder, callee, types.none, argument_types, values)
+    return status
+
+
+def call_at_address(context, builder, address, argument_types: tuple, values: list) -> None:
+    """Emit a call of the compiled function at ``address`` (taking ``argument_types``,
+    returning nothing) in numba's calling convention; an error it raises propagates."""
+    status = _call_by_address(context, builder, address, argument_types, values)
     with cgutils.if_unlikely(builder, status.is_error):
         context.call_conv.return_status_propagate(builder, status)
+
+
+def call_at_address_failed(context, builder, address, argument_types: tuple, values: list):
+    """Emit a call as call_at_address does, but the error stays here: the i1 value is
+    whether the call raised (its exception is dropped)."""
+    return _call_by_address(context, builder, address, argument_types, values).is_error
 
 
 def compile_trampoline(
@@ -888,12 +899,16 @@ def layer_started() -> bool:
 
 
 def layer_thread_count() -> int:
-    """numba's thread count for the calling thread (numba.get_num_threads)."""
+    """numba's thread count for the calling thread (numba.get_num_threads). Before numba's
+    threading layer has started, NUMBA_NUM_THREADS, which numba.get_num_threads would return
+    after starting the layer's threads (numbapool's pool needs none of them)."""
     if getattr(_numba_parallel, "_is_initialized", False) is True:
         read = getattr(_numba_parallel, "_get_num_threads", None)
         if callable(read):
             return read()
         fall_back(_LAYER_STATE, _LAYER_STATE_ASSUMPTION, "numba.get_num_threads")
+    elif getattr(_numba_parallel, "_is_initialized", None) is False:
+        return numba.config.NUMBA_NUM_THREADS
     return numba.get_num_threads()
 
 

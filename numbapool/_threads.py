@@ -3,22 +3,26 @@
 numba's own ``set_num_threads`` applies to the calling thread only; numbapool keeps a
 program-wide count (``set_num_threads``) and a per-block one (``threads``, a context
 variable, so each thread and each asyncio task has its own), and passes the one in force
-to each parallel kernel, which applies it and restores numba's setting before it returns.
+to each parallel call.
 
-numba chooses its threading layer at its first parallel region, TBB first where it can
-load it. TBB's scheduler keeps a call from waiting on a thread that lost its core: the
-calling thread takes every run of units no running thread has started, where OpenMP hands
-each thread its share up front and waits for the last. The ``tbb`` wheel, a dependency on
-the platforms it is built for, puts its library in the environment's ``lib/``, where the
-loader does not look; ``make_tbb_loadable`` loads it from there at import, so that numba's
-own choice can take it (docs/performance.md, Under load).
+On Linux numbapool's parallel calls run on a pool of its own (_kernels/pool.py), which
+needs none of numba's threads. Elsewhere they run on numba's threading layer, which numba
+chooses at its first parallel region, TBB first where it can load it; the parallel kernel
+sets numba's thread count on entry and restores it on exit. TBB's scheduler, like the pool,
+keeps a call from waiting on a thread that lost its core: the calling thread takes every
+run of units no running thread has started, where OpenMP hands each thread its share up
+front and waits for the last. The ``tbb`` wheel, a dependency on the platforms it is built
+for, puts its library in the environment's ``lib/``, where the loader does not look;
+``make_tbb_loadable`` loads it from there at import, so that numba's own choice can take it
+(docs/performance.md, Under load).
 
-Two threading layers cannot run every parallel region they are given:
+Two of numba's threading layers cannot run every parallel region they are given:
 - GNU OpenMP ("omp" from PyPI) kills a child forked from a process that already ran a
   parallel region; such a child runs the serial kernels instead. numba's TBB layer shuts
   its workers down before a fork and starts them again after, but only in a fork from the
   main thread (from another, numba warns that TBB may be broken in the child): a child
-  forked from another thread runs the serial kernels too;
+  forked from another thread runs the serial kernels too. A child of a process whose calls
+  ran on the pool starts a pool of its own;
 - "workqueue" aborts when two threads enter parallel regions at once; a call that finds
   another call inside one runs its serial kernel.
 """
@@ -37,6 +41,7 @@ import threading
 import numba
 
 from . import _numba
+from ._kernels import pool
 
 _program_threads: int | None = None
 _block_threads: contextvars.ContextVar[int | None] = contextvars.ContextVar(
@@ -44,7 +49,8 @@ _block_threads: contextvars.ContextVar[int | None] = contextvars.ContextVar(
 )
 _serial_after_fork = False
 _workqueue_busy = threading.Lock()
-_takes_lock: bool | None = None  # see _find_whether_lock_is_taken
+# see _find_whether_lock_is_taken; numbapool's pool, where it runs, takes no lock
+_takes_lock: bool | None = False if pool.available else None
 
 # The TBB library numba's tbb layer links to, by platform, as the tbb wheel installs it
 # under the environment's (or the user base's) prefix
@@ -138,6 +144,12 @@ def threading_layer() -> str | None:
         return numba.threading_layer()
     except ValueError:
         return None
+
+
+def parallel_path() -> str:
+    """What runs numbapool's parallel calls here: "pool" (numbapool's own, _kernels/pool.py,
+    on Linux) or numba's threading layer by name (None before its first parallel region)."""
+    return "pool" if pool.available else f"numba's {threading_layer()} layer"
 
 
 def enter_parallel(wanted: int) -> bool | None:
@@ -341,6 +353,8 @@ def _before_fork() -> None:
 def _after_fork_in_child() -> None:
     global _serial_after_fork, _workqueue_busy
     _workqueue_busy = threading.Lock()
+    if pool.available:  # the child's calls start a pool of their own
+        return
     layer = threading_layer()
     if layer == "omp" or (layer == "tbb" and not _forking_from_main_thread):
         _serial_after_fork = True

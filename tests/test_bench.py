@@ -242,7 +242,7 @@ def test_bench_under_load_prints_both_thread_counts_and_stops_its_busy_processes
     lines = result.stdout.splitlines()
     first = next(line for line in lines if line.startswith("threads: "))
     n = int(first.split(";")[0].split()[1])
-    assert "threading layer: " in first and first.endswith("cores 0")
+    assert "parallel calls: " in first and first.endswith("cores 0")
     header = next(i for i, line in enumerate(lines) if line.startswith("| case"))
     columns = [cell.strip() for cell in lines[header].split("|")[1:-1]]
     assert columns == [

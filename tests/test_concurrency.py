@@ -311,9 +311,10 @@ def test_a_file_system_without_locks_still_saves(tmp_path, monkeypatch):
 
 
 _LAYER_SCRIPT = """
-import numpy as np, numbapool
+import numba, numpy as np, numbapool
 x = np.random.default_rng(5).standard_normal((2, 8, 48, 48)).astype(np.float32)
 y = numbapool.max_pool(x, [3, 3], strides=[2, 2])
+numba.get_num_threads()  # starts numba's layer, which numbapool's pool (Linux) does not
 print(numbapool._threads.threading_layer(), float(y.astype(np.float64).sum()))
 """
 
@@ -338,7 +339,8 @@ def _tbb_installed() -> bool:
 def test_tbb_layer_where_the_tbb_wheel_is_installed(requested, expected):
     """Where the ``tbb`` wheel is installed (a dependency on the platforms it is built
     for), numba's default threading layer is TBB, whose scheduler keeps a call from
-    waiting on a thread that lost its core; a layer named in NUMBA_THREADING_LAYER wins."""
+    waiting on a thread that lost its core (it runs numbapool's parallel calls off
+    Linux); a layer named in NUMBA_THREADING_LAYER wins."""
     if not _tbb_installed():
         pytest.skip("no tbb wheel for this platform (pyproject.toml's markers)")
     env = {

@@ -10,7 +10,7 @@ import json, sys
 import numbapool
 from numbapool._kernels import global_, maxima, parallel, sums, unpool
 kernels = [maxima.max_pool_units_with_indices, sums.sum_pool_units, global_.global_max_units,
-           parallel.run_in_parallel, unpool.max_unpool]
+           *parallel.driver_kernels(), unpool.max_unpool]
 optional = ["onnx", "onnxruntime", "torch", "dask", "hypothesis", "tqdm"]
 print(json.dumps({"compiled": sum(len(k.signatures) for k in kernels),
                   "optional": [m for m in optional if m in sys.modules],

@@ -1,4 +1,4 @@
-"""The parallel driver: a prange over runs of work units, each run handed to a serial
+"""The parallel driver: runs of work units on several threads, each run handed to a serial
 entry point (entry.py) through the address of its machine code.
 
 Called by name, numba would link the entry point's code into the driver and optimize and
@@ -9,17 +9,19 @@ them (made once per launch), and the data of the call's own arrays; the trampoli
 the arguments and calls the entry point at its address. The driver's own arguments then
 have the same types whatever kernel it runs: it compiles once, and loads from the disk
 cache in any later process (its code holds no address), and the kernel's loops compile
-once. A trampoline is LLVM's work alone, some milliseconds; a driver is numba's parfor
-lowering, half a second.
+once. A trampoline is LLVM's work alone, some milliseconds; a driver is a second or
+so of numba's compile.
 
-The driver hands numba's scheduler its runs one by one (numba's parallel chunk size 1):
+On Linux the driver is numbapool's pool of threads (pool.py), which the calling thread
+and the workers take runs from one at a time. Elsewhere it is ``run_in_parallel``, a
+prange that hands numba's scheduler its runs one by one (numba's parallel chunk size 1):
 under numba's TBB layer the runs are tasks that the running threads take, the calling
-thread included, so a thread that lost its core to another process holds up a call only by
-the runs it had taken, where numba's default, one equal share per thread, gives each
-thread its whole share up front (docs/performance.md, Under load).
+thread included. Either way a thread that lost its core to another process holds up a call
+only by the runs it had taken, where numba's default, one equal share per thread, gives
+each thread its whole share up front (docs/performance.md, Under load).
 
-A driver that is neither compiled in this process nor in the disk cache compiles on a
-thread of its own (``ready_driver``), while the call that needed it runs its units on the
+A driver (its kernels) that is neither compiled in this process nor in the disk cache
+compiles on a thread of its own (``ready_driver``), while the call that needed it runs its units on the
 calling thread, a piece at a time, until the driver is ready, which then runs the units
 left: a first call then costs the kernel's compile, not the driver's as well (0.3 to
 0.5 s), whatever its size. The thread is not a daemon: a
@@ -107,6 +109,14 @@ def run_in_parallel(address, first_unit, units, chunks, threads, block, call_arr
 
 # Its one signature
 _SIGNATURE = (types.int64,) * 5 + (_BYTES, types.UniTuple(_BYTES, CALL_ARRAYS))
+
+
+def driver_kernels() -> tuple:
+    """The kernels that make the parallel driver here: numbapool's pool (pool.py) where it
+    runs, else run_in_parallel."""
+    from . import pool
+
+    return (pool.run_call, pool.work) if pool.available else (run_in_parallel,)
 
 
 def call_bytes(arrays: tuple) -> tuple:
@@ -242,7 +252,12 @@ def _trampoline(compiled, flat_types: tuple, data_slots: tuple) -> int:
 
 def _compile():
     """run_in_parallel compiled (or loaded from the disk cache): the compiled function
-    itself, which does not check its argument types."""
+    itself, which does not check its argument types; where numbapool's pool runs, the
+    pool's runner (pool.py) instead."""
+    from . import pool
+
+    if pool.available:
+        return pool.compile_runner()
     # by signature rather than by a first call, which would first look up every numba
     # extension installed (20 ms of a first call in a fresh process)
     run_in_parallel.compile(_SIGNATURE)
@@ -263,6 +278,16 @@ def _compile_into(future: Future) -> None:
         future.set_exception(error)
 
 
+def _compiled_or_cached() -> bool:
+    from . import pool
+
+    if pool.available:
+        return pool.compiled_already() or pool.in_disk_cache()
+    return _SIGNATURE in run_in_parallel.signatures or _numba.in_disk_cache(
+        run_in_parallel, _SIGNATURE
+    )
+
+
 def ready_driver():
     """run_in_parallel compiled (_compile), if it needs no compile (compiled already, or in
     the disk cache: loaded now); otherwise None, its compile started on a thread of its own
@@ -272,15 +297,14 @@ def ready_driver():
     reaches the disk cache), and it ends with its compile: no thread stays behind, which
     a fork would warn about."""
     global _compiling
-    _numba.check_threading_layer()
+    from . import pool
+
+    if not pool.available:  # the pool needs none of numba's threads
+        _numba.check_threading_layer()
     with _compiling_lock:
         future = _compiling
         if future is None:
-            if (
-                not COMPILE_IN_BACKGROUND
-                or _SIGNATURE in run_in_parallel.signatures
-                or _numba.in_disk_cache(run_in_parallel, _SIGNATURE)
-            ):
+            if not COMPILE_IN_BACKGROUND or _compiled_or_cached():
                 return _compile()
             future = Future()
             try:
