@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 
+import ml_dtypes
 import numba
 import numpy as np
 import pytest
 from numba import types
 
 import numbapool
-from numbapool import _numba
+from numbapool import _dispatch, _numba, _threads
 from numbapool._kernels import parallel, pool
 
 pytestmark = pytest.mark.skipif(
@@ -147,3 +148,41 @@ def test_the_parallel_driver_here_is_the_pool():
         numbapool.global_average_pool(x)
     assert parallel.driver_kernels() == (pool.run_call, pool.work)
     assert pool._pool is not None and len(pool._pool.workers) >= 1
+
+
+GLOBAL_CALLS = {
+    "GlobalAveragePool": numbapool.global_average_pool,
+    "GlobalMaxPool": numbapool.global_max_pool,
+    "GlobalLpPool": lambda x: numbapool.global_lp_pool(x, p=3),
+}
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two numba threads")
+@pytest.mark.parametrize("op", GLOBAL_CALLS)
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64])
+def test_repeated_global_calls_on_the_pool_give_the_serial_bits(op, dtype, monkeypatch):
+    """After its first parallel call a global pool's launch runs through its call on the
+    pool (_dispatch._pooled_global): its results, parallel or on the calling thread as the
+    pace chooses, and a non-contiguous input's, which takes the general path, are the
+    serial ones bit for bit."""
+    call = GLOBAL_CALLS[op]
+    x = np.random.default_rng(2).standard_normal((2, 64, 32, 32)).astype(dtype)
+    with numbapool.threads(1):
+        expected = call(x)
+        expected_reversed = call(x[..., ::-1])
+    with numbapool.threads(2):
+        results = [call(x)]
+        parallel.wait_for_drivers()  # where the first call left its driver to compile
+        results += [call(x) for _ in range(3)]
+        assert (
+            2
+            in _dispatch._GLOBAL_CALLS[
+                op, x.shape, x.dtype, 3.0 if op == "GlobalLpPool" else 2.0
+            ].compiled
+        )
+        monkeypatch.setattr(_threads.Pace, "serial_now", lambda self: True)
+        results.append(call(x))
+        results.append(call(x[..., ::-1]))
+    for result in results[:-1]:
+        assert result.tobytes() == expected.tobytes()
+    assert results[-1].tobytes() == expected_reversed.tobytes()

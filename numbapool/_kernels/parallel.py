@@ -53,7 +53,7 @@ CALL_ARRAYS = 4
 # of read-only and writable arrays have one layout, and the driver reads no element), and
 # the filler for the slots a call leaves empty
 _BYTES = types.Array(types.uint8, 1, "C", readonly=True)
-_NO_BYTES = np.frombuffer(b"", np.uint8)
+NO_BYTES = np.frombuffer(b"", np.uint8)
 # The trampolines' type in numba's calling convention: (unit_begin, unit_end, the block,
 # the call arrays' data)
 _TRAMPOLINE_ARGUMENTS = (types.int64, types.int64) + (types.voidptr,) * (1 + CALL_ARRAYS)
@@ -124,7 +124,7 @@ def call_bytes(arrays: tuple) -> tuple:
     of their bytes."""
     return tuple(
         [np.frombuffer(array, np.uint8) for array in arrays]
-        + [_NO_BYTES] * (CALL_ARRAYS - len(arrays))
+        + [NO_BYTES] * (CALL_ARRAYS - len(arrays))
     )
 
 
