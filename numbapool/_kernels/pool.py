@@ -121,6 +121,12 @@ def _load(typingctx, state, slot):
     return types.int64(state, slot), codegen
 
 
+def _slot_and_value(context, builder, signature, args):
+    """The pointer to state[slot] and the value as an int64, of (state, slot, value)."""
+    pointer = _slot_pointer(context, builder, signature.args[0], args[0], args[1])
+    return pointer, context.cast(builder, args[2], signature.args[2], types.int64)
+
+
 @intrinsic
 def _store(typingctx, state, slot, value):
     """state[slot] = value, atomically."""
@@ -128,8 +134,7 @@ def _store(typingctx, state, slot, value):
         return None
 
     def codegen(context, builder, signature, args):
-        pointer = _slot_pointer(context, builder, signature.args[0], args[0], args[1])
-        value = context.cast(builder, args[2], signature.args[2], types.int64)
+        pointer, value = _slot_and_value(context, builder, signature, args)
         builder.store_atomic(value, pointer, "seq_cst", 8)
         return context.get_dummy_value()
 
@@ -143,8 +148,7 @@ def _add(typingctx, state, slot, value):
         return None
 
     def codegen(context, builder, signature, args):
-        pointer = _slot_pointer(context, builder, signature.args[0], args[0], args[1])
-        value = context.cast(builder, args[2], signature.args[2], types.int64)
+        pointer, value = _slot_and_value(context, builder, signature, args)
         return builder.atomic_rmw("add", pointer, value, "seq_cst")
 
     return types.int64(state, slot, value), codegen
