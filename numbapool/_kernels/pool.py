@@ -8,8 +8,9 @@ worker that has no core, or has not woken yet, claims nothing, and the others do
 share; the calling thread waits only for runs that workers claimed, never for a run nobody
 claimed (docs/performance.md, Under load).
 
-After a call a worker spins for a while (_SPINS pauses, some tens of microseconds), then
-sleeps on a futex (Linux's wait on a word of memory) until the calling thread wakes it.
+After a call a worker spins for a while (_SPINS pauses, some tens of microseconds, giving
+its core to any thread that waits for one now and then), then sleeps on a futex (Linux's
+wait on a word of memory) until the calling thread wakes it.
 A calling thread that waits on a claimed run past _WAIT_SPINS pauses sleeps too, so that a
 worker that lost its core can finish on the calling thread's. All of it is compiled code
 that holds no GIL: a worker that slept on a Python lock needed the GIL to go on after its
@@ -71,12 +72,17 @@ _SPINS = 2000
 # sleeps until they are done: a worker that lost its core to another process can then
 # finish its run on the calling thread's core
 _WAIT_SPINS = 2000
+# Spinning, a thread gives its core to any other thread that waits for it (sched_yield)
+# every this many pauses: with more threads than cores (a thread count past the cores a
+# container or an affinity mask allows), a spinning worker took the core of the thread
+# whose run the call waited on
+_YIELD_EVERY = 64
 
 _FUTEX_WAIT_PRIVATE = 128
 _FUTEX_WAKE_PRIVATE = 129
 _WAKE_ALL = (1 << 31) - 1
-# Linux's syscall number of futex
-_FUTEX_CALLS = {"x86_64": 202, "aarch64": 98}
+# Linux's syscall numbers: futex, sched_yield
+_SYSCALL_NUMBERS = {"x86_64": (202, 24), "aarch64": (98, 124)}
 
 
 def _libc_syscall() -> int:
@@ -90,7 +96,7 @@ def _libc_syscall() -> int:
 
 _MACHINE = platform.machine().lower()
 _SYSCALL_ADDRESS = _libc_syscall() if sys.platform.startswith("linux") else 0
-_FUTEX = _FUTEX_CALLS.get(_MACHINE, 0)
+_FUTEX, _SCHED_YIELD = _SYSCALL_NUMBERS.get(_MACHINE, (0, 0))
 # Whether the pool can run here: Linux, a known syscall number and libc's syscall
 available = bool(_SYSCALL_ADDRESS and _FUTEX) and sys.byteorder == "little"
 
@@ -241,6 +247,15 @@ def _call_runs(typingctx, address, begin, end, block, first, second, third, four
 
 
 @inlined()
+def _spin(spins, syscall_address, sched_yield):
+    """One turn of a spin loop: a pause, and every _YIELD_EVERY turns the core to any
+    thread that waits for it."""
+    _pause()
+    if spins % _YIELD_EVERY == _YIELD_EVERY - 1:
+        _syscall(syscall_address, sched_yield, 0, 0, 0)
+
+
+@inlined()
 def _claim_runs(state, generation, from_back, syscall_address, futex):
     """Claim and run this call's runs until none is left, from the front or ``from_back``;
     the thread that does the last run wakes the calling thread if it sleeps. From both
@@ -280,7 +295,7 @@ def _claim_runs(state, generation, from_back, syscall_address, futex):
 
 
 @kernel()
-def work(state, index, syscall_address, futex):
+def work(state, index, syscall_address, futex, sched_yield):
     """A worker's life: wait for a call, claim its runs if the call has a place for worker
     ``index``, and again, until the state's stop slot is set."""
     seen = _load(state, _TICKET) >> 32
@@ -298,7 +313,7 @@ def work(state, index, syscall_address, futex):
                 spins = _SPINS
             continue
         if spins < _SPINS:
-            _pause()
+            _spin(spins, syscall_address, sched_yield)
             spins += 1
             continue
         _add(state, _SLEEPERS, 1)
@@ -313,7 +328,17 @@ def work(state, index, syscall_address, futex):
 
 @kernel()
 def run_call(
-    address, first, units, runs, threads, block, call_arrays, state, syscall_address, futex
+    address,
+    first,
+    units,
+    runs,
+    threads,
+    block,
+    call_arrays,
+    state,
+    syscall_address,
+    futex,
+    sched_yield,
 ):
     """Units [first, units) of the trampoline at ``address`` (parallel.BlockCall) with the
     arguments in ``block`` and the data of ``call_arrays``, in ``runs`` runs that this
@@ -339,7 +364,7 @@ def run_call(
     spins = 0
     while _load(state, _DONE) < runs:
         if spins < _WAIT_SPINS:
-            _pause()
+            _spin(spins, syscall_address, sched_yield)
             spins += 1
             continue
         _store(state, _CALLER_ASLEEP, 1)
@@ -357,7 +382,7 @@ def _signatures():
 
     state = types.Array(types.int64, 1, "C")
     run = (types.int64,) * 5 + (_BYTES, types.UniTuple(_BYTES, CALL_ARRAYS), state)
-    return run + (types.int64,) * 2, (state,) + (types.int64,) * 3
+    return run + (types.int64,) * 3, (state,) + (types.int64,) * 4
 
 
 def compiled_already() -> bool:
@@ -406,7 +431,7 @@ class Pool:
             while len(self.workers) < workers and not self.state[_STOP]:
                 worker = threading.Thread(
                     target=_work_compiled,
-                    args=(self.state, len(self.workers), _SYSCALL_ADDRESS, _FUTEX),
+                    args=(self.state, len(self.workers), _SYSCALL_ADDRESS, _FUTEX, _SCHED_YIELD),
                     name=f"numbapool-worker-{len(self.workers)}",
                     daemon=True,
                 )
@@ -464,6 +489,7 @@ def run(address, first, units, runs, threads, block, call_arrays) -> None:
                 pool.state,
                 _SYSCALL_ADDRESS,
                 _FUTEX,
+                _SCHED_YIELD,
             )
         finally:
             pool.busy.release()
@@ -479,6 +505,7 @@ def run(address, first, units, runs, threads, block, call_arrays) -> None:
             np.zeros(_STATE_SLOTS, np.int64),
             _SYSCALL_ADDRESS,
             _FUTEX,
+            _SCHED_YIELD,
         )
     if failed:
         raise RuntimeError("numbapool: a kernel raised on a pool thread")
