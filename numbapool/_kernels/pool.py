@@ -59,6 +59,7 @@ _STOP = 32  # set at exit: the workers return
 _SLEEPERS = 40  # workers asleep or going to sleep
 _WAKE = 48  # the futex word: its low 32 bits change with each wake
 _STATE_SLOTS = 56
+_LINE_SLOTS = 8  # slots to a cache line of 64 bytes
 _RUN_MASK = (1 << 16) - 1
 _WORD_MASK = (1 << 32) - 1
 # Runs a call may have at most (the ticket's fields)
@@ -415,11 +416,19 @@ def compile_runner():
     return run
 
 
+def _new_state() -> np.ndarray:
+    """A zeroed state whose first slot starts a cache line, so that each group of slots
+    has a line of its own."""
+    raw = np.zeros(_STATE_SLOTS + _LINE_SLOTS, np.int64)
+    first = -(raw.ctypes.data // 8) % _LINE_SLOTS
+    return raw[first : first + _STATE_SLOTS]
+
+
 class Pool:
     """The state and the worker threads."""
 
     def __init__(self) -> None:
-        self.state = np.zeros(_STATE_SLOTS, np.int64)
+        self.state = _new_state()
         self.workers: list[threading.Thread] = []
         self.busy = threading.Lock()
         self.grow_lock = threading.Lock()
@@ -502,7 +511,7 @@ def run(address, first, units, runs, threads, block, call_arrays) -> None:
             1,
             block,
             call_arrays,
-            np.zeros(_STATE_SLOTS, np.int64),
+            _new_state(),
             _SYSCALL_ADDRESS,
             _FUTEX,
             _SCHED_YIELD,
