@@ -356,14 +356,9 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     if not rows[0]:
         return y
     # a view when x is C-ordered and native; otherwise one copy, which leaves x as it was
-    rows_in = np.ascontiguousarray(x, dtype).reshape(rows)
-    rows_out = y.reshape(rows[0])
-    if storage is not None:
-        rows_in, rows_out = rows_in.view(storage), rows_out.view(storage)
-    if bits is None:
-        arrays = (rows_in, rows_out)
-    else:  # GlobalMaxPool: also their bits as signed integers
-        arrays = (rows_in, rows_in.view(bits), rows_out, rows_out.view(bits))
+    arrays = _global_arrays(
+        np.ascontiguousarray(x, dtype).reshape(rows), y.reshape(rows[0]), storage, bits
+    )
     # the arguments of a run on the calling thread alone, which reads the whole input; a
     # parallel run's below, each thread reading its share (prefetch.reads_ahead)
     serial = (*arrays, *constants[prefetch.reads_ahead(x.nbytes, 1)])
@@ -395,6 +390,17 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     return y
 
 
+def _global_arrays(rows_in, rows_out, storage, bits) -> tuple:
+    """A global pool's arrays as its kernels take them: the input's rows and the output,
+    viewed as the storage dtype of 16-bit floats, and for GlobalMaxPool also their bits as
+    signed integers."""
+    if storage is not None:
+        rows_in, rows_out = rows_in.view(storage), rows_out.view(storage)
+    if bits is None:
+        return rows_in, rows_out
+    return rows_in, rows_in.view(bits), rows_out, rows_out.view(bits)
+
+
 def _pooled_global(call: GlobalCall, threads: int, ahead: bool, serial: tuple) -> Callable:
     """A global pooling call on ``threads`` threads of numbapool's pool, as run_global
     makes it, for a C-ordered input of the call's dtype, once its driver is ready
@@ -417,20 +423,13 @@ def _pooled_global(call: GlobalCall, threads: int, ahead: bool, serial: tuple) -
     run_on_pool = pool.run
     clock = time.perf_counter
 
-    def arrays(x, y) -> tuple:
-        rows_in, rows_out = x.reshape(rows), y.reshape(units)
-        if storage is not None:
-            rows_in, rows_out = rows_in.view(storage), rows_out.view(storage)
-        if bits is None:
-            return rows_in, rows_out
-        return rows_in, rows_in.view(bits), rows_out, rows_out.view(bits)
-
     def pooled(x):
         y = np.empty(out_shape, dtype)
         serially = pace.serial_now()
         start = clock()
         if serially:
-            entry_function(0, units, *arrays(x, y), *serial_constants)
+            arrays = _global_arrays(x.reshape(rows), y.reshape(units), storage, bits)
+            entry_function(0, units, *arrays, *serial_constants)
         else:
             x_bytes, y_bytes = frombuffer(x, u8), frombuffer(y, u8)
             if bits is None:
