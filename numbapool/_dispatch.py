@@ -269,8 +269,7 @@ def _drive(
         compiled[key] = (ready, parallel.block_call(entry_point, arguments, call_arrays))
         _run_driver(compiled[key], done, units, chunks, threads, arguments, call_arrays)
         return
-    pace_key = ("pace", key, threads)
-    pace = compiled.get(pace_key) or compiled.setdefault(pace_key, _threads.Pace(threads))
+    pace = _pace(compiled, key, threads)
     serial = pace.serial_now()
     start = time.perf_counter()
     if serial:
@@ -278,6 +277,12 @@ def _drive(
     else:
         _run_driver(driver, 0, units, chunks, threads, arguments, call_arrays)
     pace.record(serial, time.perf_counter() - start)
+
+
+def _pace(compiled: dict, key, threads: int) -> _threads.Pace:
+    """The pace of the driver ``compiled[key]`` on ``threads`` threads, made on first use."""
+    pace_key = ("pace", key, threads)
+    return compiled.get(pace_key) or compiled.setdefault(pace_key, _threads.Pace(threads))
 
 
 def _run_driver(driver, done, units, chunks, threads, arguments, call_arrays) -> None:
@@ -383,9 +388,9 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     finally:
         if guarded:
             _threads.leave_parallel()
-    if guarded is False and pool.available and x.dtype == dtype:
-        driver = compiled.get(("driver", ahead))
-        if driver is not None:
+    # made once: a non-contiguous input takes this path on every call
+    if guarded is False and pool.available and x.dtype == dtype and threads not in compiled:
+        if ("driver", ahead) in compiled:
             compiled[threads] = _pooled_global(call, threads, ahead, serial)
     return y
 
@@ -415,8 +420,7 @@ def _pooled_global(call: GlobalCall, threads: int, ahead: bool, serial: tuple) -
     runs = min(units, _GLOBAL_RUNS_PER_THREAD * threads)
     key = ("driver", ahead)
     address, block = compiled[key][1]
-    pace_key = ("pace", key, threads)
-    pace = compiled.get(pace_key) or compiled.setdefault(pace_key, _threads.Pace(threads))
+    pace = _pace(compiled, key, threads)
     entry_function = compiled["entry"].function
     serial_constants = serial[2 if bits is None else 4 :]
     frombuffer, u8, no_bytes = np.frombuffer, np.uint8, parallel.NO_BYTES

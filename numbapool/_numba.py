@@ -24,9 +24,9 @@ the table of what each reach buys today.
    ``FunctionCache`` and ``IndexDataCacheFile`` and their private methods, the cache
    locators, ``rtsys.initialize`` and a dispatcher's ``_cache``.
 4. Calls by address (compiled_overload, call_at_address, call_at_address_failed,
-   compile_trampoline, array_fields): a dispatcher's ``overloads`` and ``typeof_pyval``, the calling
-   convention, the argument packer, the array data model, code libraries and the compiler
-   lock.
+   compile_trampoline, array_fields): a dispatcher's ``overloads`` and ``typeof_pyval``,
+   the calling convention, the argument packer, the array data model, code libraries and
+   the compiler lock.
 5. The runtime's C functions (allocate_aligned, data_of, release_meminfo, raise_in_kernel,
    borrowed): ``NRT_MemInfo_alloc_aligned``, ``NRT_MemInfo_data``, ``NRT_MemInfo_release``,
    the calling convention's ``return_user_exc`` and ``impl_ret_borrowed``.

@@ -21,11 +21,11 @@ only by the runs it had taken, where numba's default, one equal share per thread
 each thread its whole share up front (docs/performance.md, Under load).
 
 A driver (its kernels) that is neither compiled in this process nor in the disk cache
-compiles on a thread of its own (``ready_driver``), while the call that needed it runs its units on the
-calling thread, a piece at a time, until the driver is ready, which then runs the units
-left: a first call then costs the kernel's compile, not the driver's as well (0.3 to
-0.5 s), whatever its size. The thread is not a daemon: a
-process waits for it at exit, so that the driver reaches the disk cache.
+compiles on a thread of its own (``ready_driver``), while the call that needed it runs its
+units on the calling thread, a piece at a time, until the driver is ready, which then runs
+the units left: a first call then costs the kernel's compile, not the driver's as well
+(0.3 to 0.5 s), whatever its size. The thread is not a daemon: a process waits for it at
+exit, so that the driver reaches the disk cache.
 """
 
 import os
@@ -42,7 +42,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .. import _numba
-from . import kernel
+from . import kernel, pool
 from .threads import use_chunk_size, use_threads
 from .units import chunk_units
 
@@ -114,8 +114,6 @@ _SIGNATURE = (types.int64,) * 5 + (_BYTES, types.UniTuple(_BYTES, CALL_ARRAYS))
 def driver_kernels() -> tuple:
     """The kernels that make the parallel driver here: numbapool's pool (pool.py) where it
     runs, else run_in_parallel."""
-    from . import pool
-
     return (pool.run_call, pool.work) if pool.available else (run_in_parallel,)
 
 
@@ -254,8 +252,6 @@ def _compile():
     """run_in_parallel compiled (or loaded from the disk cache): the compiled function
     itself, which does not check its argument types; where numbapool's pool runs, the
     pool's runner (pool.py) instead."""
-    from . import pool
-
     if pool.available:
         return pool.compile_runner()
     # by signature rather than by a first call, which would first look up every numba
@@ -279,8 +275,6 @@ def _compile_into(future: Future) -> None:
 
 
 def _compiled_or_cached() -> bool:
-    from . import pool
-
     if pool.available:
         return pool.compiled_already() or pool.in_disk_cache()
     return _SIGNATURE in run_in_parallel.signatures or _numba.in_disk_cache(
@@ -289,7 +283,7 @@ def _compiled_or_cached() -> bool:
 
 
 def ready_driver():
-    """run_in_parallel compiled (_compile), if it needs no compile (compiled already, or in
+    """The driver compiled (_compile), if it needs no compile (compiled already, or in
     the disk cache: loaded now); otherwise None, its compile started on a thread of its own
     (once), and its result returned by a call once it is done.
 
@@ -297,8 +291,6 @@ def ready_driver():
     reaches the disk cache), and it ends with its compile: no thread stays behind, which
     a fork would warn about."""
     global _compiling
-    from . import pool
-
     if not pool.available:  # the pool needs none of numba's threads
         _numba.check_threading_layer()
     with _compiling_lock:

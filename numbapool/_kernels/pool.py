@@ -102,16 +102,17 @@ _FUTEX, _SCHED_YIELD = _SYSCALL_NUMBERS.get(_MACHINE, (0, 0))
 available = bool(_SYSCALL_ADDRESS and _FUTEX) and sys.byteorder == "little"
 
 
-def _slot_pointer(context, builder, state_type, state, slot):
-    data = context.make_array(state_type)(context, builder, state).data
-    return builder.gep(data, [slot])
+def _element_pointer(context, builder, array_type, array, index):
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.gep(data, [index])
 
 
-def _is_state(state, slot) -> bool:
+def _is_state(state, slot, *values) -> bool:
+    """Whether the types are an int64 state array, a slot and integer values."""
     return (
         isinstance(state, types.Array)
         and state.dtype == types.int64
-        and isinstance(slot, types.Integer)
+        and all(isinstance(value, types.Integer) for value in (slot, *values))
     )
 
 
@@ -122,7 +123,7 @@ def _load(typingctx, state, slot):
         return None
 
     def codegen(context, builder, signature, args):
-        pointer = _slot_pointer(context, builder, signature.args[0], *args)
+        pointer = _element_pointer(context, builder, signature.args[0], *args)
         return builder.load_atomic(pointer, "seq_cst", 8)
 
     return types.int64(state, slot), codegen
@@ -130,14 +131,14 @@ def _load(typingctx, state, slot):
 
 def _slot_and_value(context, builder, signature, args):
     """The pointer to state[slot] and the value as an int64, of (state, slot, value)."""
-    pointer = _slot_pointer(context, builder, signature.args[0], args[0], args[1])
+    pointer = _element_pointer(context, builder, signature.args[0], args[0], args[1])
     return pointer, context.cast(builder, args[2], signature.args[2], types.int64)
 
 
 @intrinsic
 def _store(typingctx, state, slot, value):
     """state[slot] = value, atomically."""
-    if not _is_state(state, slot) or not isinstance(value, types.Integer):
+    if not _is_state(state, slot, value):
         return None
 
     def codegen(context, builder, signature, args):
@@ -151,7 +152,7 @@ def _store(typingctx, state, slot, value):
 @intrinsic
 def _add(typingctx, state, slot, value):
     """state[slot] += value atomically; the value before."""
-    if not _is_state(state, slot) or not isinstance(value, types.Integer):
+    if not _is_state(state, slot, value):
         return None
 
     def codegen(context, builder, signature, args):
@@ -164,11 +165,11 @@ def _add(typingctx, state, slot, value):
 @intrinsic
 def _swap_if(typingctx, state, slot, expected, new):
     """state[slot] = new if it holds expected, atomically; whether it did."""
-    if not _is_state(state, slot):
+    if not _is_state(state, slot, expected, new):
         return None
 
     def codegen(context, builder, signature, args):
-        pointer = _slot_pointer(context, builder, signature.args[0], args[0], args[1])
+        pointer = _element_pointer(context, builder, signature.args[0], args[0], args[1])
         pair = builder.cmpxchg(pointer, args[2], args[3], "seq_cst", "seq_cst")
         return builder.extract_value(pair, 1)
 
@@ -182,8 +183,8 @@ def _address_of(typingctx, array, index):
         return None
 
     def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        return builder.ptrtoint(builder.gep(data, [args[1]]), _I64)
+        pointer = _element_pointer(context, builder, signature.args[0], *args)
+        return builder.ptrtoint(pointer, _I64)
 
     return types.int64(array, index), codegen
 
@@ -193,12 +194,12 @@ def _pause(typingctx):
     """A spin loop's pause: x86's pause, AArch64's yield, else nothing."""
 
     def codegen(context, builder, signature, args):
-        if _MACHINE in ("x86_64", "amd64"):
+        if _MACHINE == "x86_64":
             hint = builder.module.declare_intrinsic(
                 "llvm.x86.sse2.pause", fnty=ir.FunctionType(ir.VoidType(), [])
             )
             builder.call(hint, [])
-        elif _MACHINE in ("aarch64", "arm64"):
+        elif _MACHINE == "aarch64":
             hint = builder.module.declare_intrinsic(
                 "llvm.aarch64.hint", fnty=ir.FunctionType(ir.VoidType(), [_I32])
             )
@@ -238,7 +239,7 @@ def _call_runs(typingctx, address, begin, end, block, first, second, third, four
         values = [begin_value, end_value] + [
             builder.inttoptr(pointer, cgutils.voidptr_t) for pointer in pointers
         ]
-        from .parallel import _TRAMPOLINE_ARGUMENTS  # parallel.py imports this module
+        from .parallel import _TRAMPOLINE_ARGUMENTS  # parallel.py imports this module first
 
         return _numba.call_at_address_failed(
             context, builder, address_value, _TRAMPOLINE_ARGUMENTS, values
