@@ -155,3 +155,31 @@ def test_the_architecture_table_lists_the_families_in_their_order():
         (family.module, family.entry.py_func.__name__, list(family.ops))
         for family in choice.FAMILIES
     ]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4, 8, 16, 32, 64])
+def test_max_pool_over_three_axes_keeps_folding_planes_as_threads_grow(threads):
+    # the 3-d case: 16 runs per thread would be two output planes each from 16 threads on,
+    # too short to fold whole planes; the split takes fewer, longer runs, down to 4 per
+    # thread (at 64 threads that is not enough: 128 runs fold, 256 are needed)
+    from numbapool._kernels import columns
+
+    plan = numbapool.plan(
+        "MaxPool",
+        (2, 32, 16, 56, 56),
+        np.float32,
+        kernel_shape=[3, 3, 3],
+        strides=[2] * 3,
+        pads=[1] * 6,
+    )
+    launch = _dispatch._launch(plan, threads)
+    plan_units = 28  # output rows of one output plane, each a unit
+    assert launch.entry.kernel is columns.column_units
+    folds = launch.entry.kinds[-1]
+    if threads < 64:
+        assert folds
+        assert launch.chunks >= 4 * threads
+        assert launch.units // launch.chunks >= 4 * plan_units
+    else:
+        assert not folds
+        assert launch.chunks == 16 * threads

@@ -106,16 +106,23 @@ def copy_row(columns, lo, hi, source, start):
 PLANE_ELEMENTS = 1 << 16
 
 
-def folds_planes(spatial_in, spatial_out, block, run_units) -> bool:
-    """Whether a MaxPool over these spatial shapes takes column_units' kind that folds
-    whole input planes first (``fold_planes``): three axes or more, planes (the last two
-    axes) of PLANE_ELEMENTS at most, and runs of at least ``run_units`` units (``block``
-    outputs each along the last axis) that cover four output planes or more: a plane is
-    folded whole, even for a run that needs a few of its rows."""
+def folding_runs(spatial_in, spatial_out, block, units) -> int:
+    """The most runs into which ``units`` units (``block`` outputs each along the last
+    axis) of a MaxPool over these spatial shapes may be split and still take column_units'
+    kind that folds whole input planes first (``fold_planes``); 0 where none may. It folds
+    over three axes or more, planes (the last two axes) of PLANE_ELEMENTS at most, and runs
+    that cover four output planes or more: a plane is folded whole, even for a run that
+    needs a few of its rows."""
     if len(spatial_in) < 3 or spatial_in[-2] * spatial_in[-1] > PLANE_ELEMENTS:
-        return False
+        return 0
     plane_units = spatial_out[-2] * -(-spatial_out[-1] // block)
-    return run_units >= 4 * plane_units
+    return units // (4 * plane_units)
+
+
+def folds_planes(spatial_in, spatial_out, block, units, chunks) -> bool:
+    """Whether ``units`` units in ``chunks`` runs (0: one, on the calling thread) take the
+    kind that folds planes (folding_runs)."""
+    return folding_runs(spatial_in, spatial_out, block, units) >= max(chunks, 1)
 
 
 @njit(inline="always")
@@ -444,13 +451,13 @@ def column_units(
 def _serves(request):
     """Every MaxPool without Indices: (width, step) of column_kind, check_ties (zeros and
     NaNs, which int8 and uint8 lack, are taken again), vector_fold (8- and 16-bit elements)
-    and fold_planes (folds_planes, for this split's shortest run of units)."""
+    and fold_planes (folds_planes, for this split's runs of units)."""
     plan, split = request
     return (
         *column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1]),
         plan.dtype.kind not in "iu",
         plan.dtype.itemsize <= 2,
-        folds_planes(plan.spatial_in, plan.out_shape[2:], split.block, split.run_units()),
+        folds_planes(plan.spatial_in, plan.out_shape[2:], split.block, split.units, split.chunks),
     )
 
 

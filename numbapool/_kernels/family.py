@@ -94,10 +94,6 @@ class Split(NamedTuple):
     chunks: int  # runs of units the parallel driver deals out; 0: the call runs serially
     slots: int  # input rows each run caches
 
-    def run_units(self) -> int:
-        """Units in the shortest run."""
-        return self.units // self.chunks if self.chunks else self.units
-
 
 class WindowRequest(NamedTuple):
     """A windowed call as the families see it: its plan, and its split into units."""
