@@ -85,6 +85,39 @@ def test_calls_from_several_threads_at_once_each_run_every_unit_once(address):
             future.result(timeout=600)
 
 
+@numba.njit
+def _count_calls(begin, end, block, counts, calls, unused_2, unused_3):
+    """A trampoline that adds 1 to counts[unit] for each unit of [begin, end) and to
+    calls[begin]: one mark per call of the kernel, each call starting at its own unit."""
+    header = numba.carray(block, 2, np.int64)
+    numbers = numba.carray(counts, header[0], np.int64)
+    starts = numba.carray(calls, header[0], np.int64)
+    starts[begin] += 1
+    for unit in range(begin, end):
+        numbers[unit] += 1
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_a_claim_takes_several_runs_while_many_are_left(address, threads):
+    # each call of a kernel pays for its scratch and first rows: 256 runs of one unit on
+    # up to 4 threads take far fewer calls than runs, one call on a thread of its own
+    signature = (types.int64, types.int64) + (types.voidptr,) * 5
+    _count_calls.compile(signature)
+    counting = _numba.compiled_overload(_count_calls, signature)[1]
+    units = 256
+    for _ in range(20):
+        counts, calls = np.zeros(units + 1, np.int64), np.zeros(units + 1, np.int64)
+        block = np.frombuffer(np.array([units + 1, -1], np.int64).tobytes(), np.uint8)
+        arrays = (counts.view(np.uint8), calls.view(np.uint8), _NO_BYTES, _NO_BYTES)
+        pool.run(counting, 0, units, units, threads, block, arrays)
+        assert counts[:units].min() == counts[:units].max() == 1 and counts[units] == 0
+        assert calls.max() == 1
+        if threads == 1:
+            assert calls.sum() == 1
+        else:
+            assert 1 < calls.sum() <= units // 4
+
+
 def test_a_run_that_raises_is_reported_and_the_pool_goes_on(address):
     for raising_unit in (0, 999):  # a run of the calling thread's, a run of a worker's
         with pytest.raises(RuntimeError, match="a kernel raised on a pool thread"):
