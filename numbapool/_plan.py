@@ -263,6 +263,12 @@ class WindowPlan:
         return {}
 
     @functools.cached_property
+    def serial_calls(self) -> dict:
+        """The call of this plan on the calling thread alone, prepared once
+        (_dispatch._serial_call), per (thread count, Indices?)."""
+        return {}
+
+    @functools.cached_property
     def choices(self) -> DispatchChoices:
         """What _dispatch decided for this plan whatever the thread count, decided once."""
         return DispatchChoices()
@@ -270,6 +276,7 @@ class WindowPlan:
     def forget_launches(self) -> None:
         """Drop the launches and choices made so far: the next call decides again."""
         self.launches.clear()
+        self.serial_calls.clear()
         choices = self.choices
         choices.merged = choices.serial = UNDECIDED
 

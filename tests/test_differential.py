@@ -1053,3 +1053,63 @@ def test_max_pool_columns_over_planes(shape, attrs, dtype):
     x = np.array(patterns, dtype=bits_type)[codes].view(dtype)
     expected, _ = reference.pool("MaxPool", x, **attrs)
     assert numbapool.max_pool(x, **attrs).tobytes() == expected.tobytes()
+
+
+# Calls small enough to run on the calling thread at any thread count (_SERIAL_WORK)
+_SMALL_CALLS = {
+    "MaxPool": dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1]),
+    "AveragePool": dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+    "LpPool": dict(kernel_shape=[2, 3], p=3, strides=[2, 2]),
+}
+
+
+_FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
+
+
+@pytest.mark.parametrize(
+    "op, indices, dtype",
+    [
+        ("MaxPool", indices, dtype)
+        for indices in (False, True)
+        for dtype in _FLOATS + [np.int8, np.uint8]
+    ]
+    + [(op, False, dtype) for op in ("AveragePool", "LpPool") for dtype in _FLOATS],
+)
+def test_repeated_small_calls_through_the_prepared_call(op, indices, dtype, execution_path):
+    """A small call's first run prepares its call on the calling thread
+    (_dispatch._serial_call); the repeated C-ordered calls run it, and a strided view in
+    between takes the general path: every one gives the reference's values. Through the
+    parallel driver (2 threads) nothing is prepared."""
+    rng = np.random.default_rng(11)
+    # small integers: sums exact in every accumulator, a result rounded once
+    x = rng.integers(-4 if np.dtype(dtype).kind != "u" else 0, 5, (2, 3, 7, 9)).astype(dtype)
+    attrs = _SMALL_CALLS[op]
+    function = {
+        "MaxPool": numbapool.max_pool,
+        "AveragePool": numbapool.average_pool,
+        "LpPool": numbapool.lp_pool,
+    }[op]
+    if indices:
+        attrs = dict(attrs, return_indices=True)
+    plan = numbapool.plan(op, x.shape, x.dtype, **_SMALL_CALLS[op])
+    plan.forget_launches()
+    expected = reference.pool(op, x, **_SMALL_CALLS[op])
+    strided = np.repeat(x, 2, axis=3)[..., ::2]  # the same values, not C-ordered
+    sizes = [x.itemsize * math.prod(plan.out_shape), 8 * math.prod(plan.out_shape)]
+    for call, array in enumerate([x, x, strided, x]):
+        # numpy hands freed small buffers out again: those of the outputs' sizes hold
+        # 0xFF bytes (NaN, -1, 255), so that an output element left unwritten shows
+        for size in sizes:
+            held = [np.full(size, 0xFF, np.uint8) for _ in range(8)]
+            del held
+        with numbapool.threads(2):
+            got = function(array, **attrs)
+        if op == "MaxPool":
+            values, expected_indices = expected
+            got_values, got_indices = got if indices else (got, None)
+            assert got_values.tobytes() == values.astype(dtype).tobytes(), call
+            if indices:
+                np.testing.assert_array_equal(got_indices, expected_indices, err_msg=str(call))
+        else:
+            _check_float(got, expected, np.dtype(dtype))
+        assert list(plan.serial_calls) == ([(1, indices)] if execution_path == "serial" else [])
