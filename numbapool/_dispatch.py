@@ -204,10 +204,9 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     indices = np.empty(plan.out_shape, dtype=np.int64) if return_indices else None
     if y.size == 0:
         return (y, indices) if return_indices else y
+    launch = _launch(plan, threads)
     # unpacked, not read by name: this runs on every call
-    (units, chunks, entry, arguments, indices_arguments, compiled, rows_shape, storage) = _launch(
-        plan, threads
-    )
+    (units, chunks, entry, arguments, indices_arguments, compiled, rows_shape, storage) = launch
     # a view when x is C-ordered and native; otherwise one copy, which leaves x as it was
     rows_in = np.ascontiguousarray(x, plan.dtype).reshape(rows_shape)
     rows_out = y.reshape(rows_shape[0], -1)
@@ -225,7 +224,7 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
         # made once: a non-C-ordered input takes this path on every call
         if x.dtype is plan.dtype and (threads, return_indices) not in plan.serial_calls:
             plan.serial_calls[threads, return_indices] = _serial_call(
-                plan, _launch(plan, threads), return_indices, entry_point
+                plan, launch, return_indices, entry_point
             )
         return (y, indices) if return_indices else y
     guarded = _threads.enter_parallel(threads)
@@ -484,25 +483,17 @@ def _serial_call(plan: WindowPlan, launch: Launch, return_indices: bool, entry_p
     )
     rows_out = (rows_shape[0], -1)
     units, function, empty = launch.units, entry_point.function, np.empty
-    if return_indices:
-        rest = launch.indices_arguments[1]
-
-        def call_with_indices(x):
-            y, indices = empty(out_shape, dtype), empty(out_shape, np.int64)
-            rows_in, rows_y = x.reshape(rows_shape), y.reshape(rows_out)
-            if storage is not None:
-                rows_in, rows_y = rows_in.view(storage), rows_y.view(storage)
-            function(0, units, rows_in, rows_y, indices.reshape(rows_out), *rest)
-            return y, indices
-
-        return call_with_indices
-    arguments = launch.arguments
+    arguments = launch.indices_arguments[1] if return_indices else launch.arguments
 
     def call(x):
         y = empty(out_shape, dtype)
         rows_in, rows_y = x.reshape(rows_shape), y.reshape(rows_out)
         if storage is not None:
             rows_in, rows_y = rows_in.view(storage), rows_y.view(storage)
+        if return_indices:  # the kernels without Indices track no winning taps
+            indices = empty(out_shape, np.int64)
+            function(0, units, rows_in, rows_y, indices.reshape(rows_out), *arguments)
+            return y, indices
         function(0, units, rows_in, rows_y, *arguments)
         return y
 

@@ -498,37 +498,26 @@ def run(address, first, units, runs, threads, block, call_arrays) -> None:
     runs = min(runs, MOST_RUNS)
     if len(pool.workers) < threads - 1:
         pool.grow(threads - 1)
-    if pool.busy.acquire(False):
-        try:
-            failed = _run_compiled(
-                address,
-                first,
-                units,
-                runs,
-                threads,
-                block,
-                call_arrays,
-                pool.state,
-                _SYSCALL_ADDRESS,
-                _FUTEX,
-                _SCHED_YIELD,
-            )
-        finally:
-            pool.busy.release()
-    else:
+    # the pool is this call's unless another thread's call has it: then this call's runs
+    # go on this thread alone, with a state of its own
+    has_pool = pool.busy.acquire(False)
+    try:
         failed = _run_compiled(
             address,
             first,
             units,
             runs,
-            1,
+            threads if has_pool else 1,
             block,
             call_arrays,
-            _new_state(),
+            pool.state if has_pool else _new_state(),
             _SYSCALL_ADDRESS,
             _FUTEX,
             _SCHED_YIELD,
         )
+    finally:
+        if has_pool:
+            pool.busy.release()
     if failed:
         raise RuntimeError("numbapool: a kernel raised on a pool thread")
 
