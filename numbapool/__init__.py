@@ -105,7 +105,7 @@ def _as_array(x) -> np.ndarray:
     return x if isinstance(x, np.ndarray) else np.asarray(x)
 
 
-def _window(
+def _pool(
     op: str,
     x,
     kernel_shape,
@@ -117,9 +117,12 @@ def _window(
     count_include_pad=0,
     p=2,
     storage_order=0,
+    return_indices=False,
 ):
-    # arguments by position: this runs on every call, and a small call's time is this
-    x = _as_array(x)
+    """A windowed pooling call: its plan looked up, then run. Arguments by position, and
+    no helper between: this runs on every call, and a small call's time is this."""
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
     plan = _plan.window_plan(
         op,
         x.shape,
@@ -134,7 +137,7 @@ def _window(
         p,
         storage_order,
     )
-    return plan, x
+    return _dispatch.run_window(plan, x, return_indices)
 
 
 def max_pool(
@@ -183,7 +186,7 @@ def max_pool(
     """
     if unexpected:
         _refuse_keywords("max_pool", unexpected)
-    plan, x = _window(
+    return _pool(
         "MaxPool",
         x,
         kernel_shape,
@@ -195,8 +198,8 @@ def max_pool(
         0,
         2,
         storage_order,
+        bool(return_indices),
     )
-    return _dispatch.run_window(plan, x, bool(return_indices))
 
 
 def average_pool(
@@ -238,7 +241,7 @@ def average_pool(
     """
     if unexpected:
         _refuse_keywords("average_pool", unexpected)
-    plan, x = _window(
+    return _pool(
         "AveragePool",
         x,
         kernel_shape,
@@ -249,7 +252,6 @@ def average_pool(
         dilations,
         count_include_pad,
     )
-    return _dispatch.run_window(plan, x)
 
 
 def lp_pool(
@@ -290,10 +292,7 @@ def lp_pool(
     """
     if unexpected:
         _refuse_keywords("lp_pool", unexpected)
-    plan, x = _window(
-        "LpPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations, 0, p
-    )
-    return _dispatch.run_window(plan, x)
+    return _pool("LpPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations, 0, p)
 
 
 def plan(

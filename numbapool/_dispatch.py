@@ -195,11 +195,17 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     time of a small call: what does not depend on the arrays is looked up once
     (``plan.launches``), and the steps are few; a call that runs on the calling thread
     alone, over a C-ordered input, runs a call prepared at the first (_serial_call)."""
+    serial_call = plan.serial_calls.get(return_indices)
+    # the first call decided whether the plan runs serially, before it made serial_call
+    if (
+        serial_call is not None
+        and x.flags.c_contiguous
+        and x.dtype is plan.dtype
+        and (plan.choices.serial or _threads.get_num_threads() == 1)
+    ):
+        return serial_call(x)
     # a small call runs on this thread: its split need not depend on the thread count
     threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
-    serial_call = plan.serial_calls.get((threads, return_indices))
-    if serial_call is not None and x.flags.c_contiguous and x.dtype is plan.dtype:
-        return serial_call(x)
     y = np.empty(plan.out_shape, dtype=plan.dtype)
     indices = np.empty(plan.out_shape, dtype=np.int64) if return_indices else None
     if y.size == 0:
@@ -222,8 +228,8 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     if not chunks or threads == 1:
         entry_point.function(0, units, *arguments)
         # made once: a non-C-ordered input takes this path on every call
-        if x.dtype is plan.dtype and (threads, return_indices) not in plan.serial_calls:
-            plan.serial_calls[threads, return_indices] = _serial_call(
+        if x.dtype is plan.dtype and return_indices not in plan.serial_calls:
+            plan.serial_calls[return_indices] = _serial_call(
                 plan, launch, return_indices, entry_point
             )
         return (y, indices) if return_indices else y

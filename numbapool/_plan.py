@@ -265,7 +265,8 @@ class WindowPlan:
     @functools.cached_property
     def serial_calls(self) -> dict:
         """The call of this plan on the calling thread alone, prepared once
-        (_dispatch._serial_call), per (thread count, Indices?)."""
+        (_dispatch._serial_call), per Indices?: run when the plan runs serially or on one
+        thread."""
         return {}
 
     @functools.cached_property
@@ -383,29 +384,35 @@ def window_plan(
     p=2,
     storage_order=0,
 ) -> WindowPlan:
-    """Validate and resolve one windowed pooling call; cached when the arguments hash."""
-    args = (
+    """Validate and resolve one windowed pooling call; cached when the arguments hash.
+
+    ``shape`` is a tuple. This runs on every call, and a small call's time is mostly the
+    key's: the sequences frozen only where given, one flat key. The scalars' types join
+    it, since True == 1 == 1.0 and a float flag must not find a valid call's plan.
+    (functools.lru_cache(typed=True) types every argument: 0.3 us more a call, the whole
+    time of the kernel on a small input.)"""
+    key = (
         op,
-        tuple(shape),
+        shape,
         dtype,
         _freeze(kernel_shape),
-        _freeze(strides),
-        _freeze(pads),
+        None if strides is None else _freeze(strides),
+        None if pads is None else _freeze(pads),
         auto_pad,
         ceil_mode,
-        _freeze(dilations),
+        None if dilations is None else _freeze(dilations),
         count_include_pad,
         p,
         storage_order,
+        type(ceil_mode),
+        type(count_include_pad),
+        type(p),
+        type(storage_order),
     )
-    # The scalars' types join the key: True == 1 == 1.0, and a float flag must not find a
-    # valid call's plan. (functools.lru_cache(typed=True) types every argument: 0.3 us more
-    # a call, the whole time of the kernel on a small input.)
-    key = (args, type(ceil_mode), type(count_include_pad), type(p), type(storage_order))
     try:
         return _WINDOW_PLANS[key]
     except KeyError:
-        plan = _window_plan(*args)
+        plan = _window_plan(*key[:12])
         if len(_WINDOW_PLANS) >= _WINDOW_PLANS_KEPT:
             _WINDOW_PLANS.clear()
         _WINDOW_PLANS[key] = plan
@@ -413,7 +420,7 @@ def window_plan(
     except TypeError as error:
         if "unhashable" not in str(error):
             raise
-        return _window_plan(*args)
+        return _window_plan(*key[:12])
 
 
 def _freeze(value):

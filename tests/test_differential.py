@@ -1112,4 +1112,4 @@ def test_repeated_small_calls_through_the_prepared_call(op, indices, dtype, exec
                 np.testing.assert_array_equal(got_indices, expected_indices, err_msg=str(call))
         else:
             _check_float(got, expected, np.dtype(dtype))
-        assert list(plan.serial_calls) == ([(1, indices)] if execution_path == "serial" else [])
+        assert list(plan.serial_calls) == ([indices] if execution_path == "serial" else [])
