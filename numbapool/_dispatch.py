@@ -330,9 +330,8 @@ class GlobalCall(NamedTuple):
     dtype: np.dtype
     rows: tuple  # the input as (N*C, spatial elements)
     entry: EntryPoint  # the serial entry point
-    # its trailing arguments, indexed by whether a thread's share of the input is large
-    # enough to read ahead (prefetch.reads_ahead); the two are the same for a family
-    # whose kernel takes no reads_ahead
+    # its trailing arguments, indexed by whether its threads read ahead (_ahead_choice);
+    # the one tuple twice for a family whose kernel takes no reads_ahead
     constants: tuple
     storage: np.dtype | None  # the storage dtype of 16-bit floats
     bits: np.dtype | None  # the dtype of the bits GlobalMaxPool compares
@@ -350,11 +349,14 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> GlobalCall
     family, kinds = choice.choose(request)
     # the maximum runs over the bits as signed integers (global_.global_max_units)
     bits = SIGNED_BITS[plan.dtype.itemsize] if "x_bits" in family.arrays else None
+    plain = (*family.argument_values(request), *kinds)
     kernels = (
         family.entry_point(kinds),
-        tuple(
-            (*family.argument_values(request._replace(reads_ahead=ahead)), *kinds)
-            for ahead in (False, True)
+        (
+            plain,
+            (*family.argument_values(request._replace(reads_ahead=True)), *kinds)
+            if "reads_ahead" in family.arguments
+            else plain,
         ),
         STORAGE.get(plan.dtype),
         bits,
@@ -389,16 +391,32 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     arrays = _global_arrays(
         np.ascontiguousarray(x, dtype).reshape(rows), y.reshape(rows[0]), storage, bits
     )
-    # the arguments of a run on the calling thread alone, which reads the whole input; a
-    # parallel run's below, each thread reading its share (prefetch.reads_ahead)
-    serial = (*arrays, *constants[prefetch.reads_ahead(x.nbytes, 1)])
-    entry_point = compiled.get("entry") or compiled.setdefault("entry", entry.compile(serial))
+    entry_point = compiled.get("entry") or compiled.setdefault(
+        "entry", entry.compile((*arrays, *constants[0]))
+    )
+    # whether a run reads ahead: on the calling thread alone, which reads the whole input,
+    # and on the threads, each reading its share (_ahead_choice)
+    alone = _ahead_choice(call, x.nbytes, 1)
     guarded = _threads.enter_parallel(threads)
+    start = time.perf_counter()
     try:
         if guarded is None:
-            entry_point.function(0, rows[0], *serial)
+            choice = alone
+            ahead = alone is not None and alone.now()
+            entry_point.function(0, rows[0], *arrays, *constants[ahead])
+            timed = True
         else:
-            ahead = prefetch.reads_ahead(x.nbytes, threads)
+            choice = _ahead_choice(call, x.nbytes, threads)
+            ahead = choice is not None and choice.now()
+            # a run on this thread alone (under load, or while the driver compiles) reads
+            # as it chose on one thread; before that, as the threads chose, whether reading
+            # ahead pays being the processor's, or as the size says where they had no
+            # choice to make
+            alone_ahead = alone is not None and (
+                alone.chosen if alone.chosen is not None else choice is None or ahead
+            )
+            serial = (*arrays, *constants[alone_ahead])
+            timed = ("driver", ahead) in compiled
             _drive(
                 entry_point,
                 rows[0],
@@ -413,11 +431,27 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     finally:
         if guarded:
             _threads.leave_parallel()
-    # made once: a non-contiguous input takes this path on every call
+    if choice is not None and timed and choice.chosen is None:
+        choice.record(ahead, time.perf_counter() - start)
+    # made once, its threads' way of reading chosen: a non-contiguous input takes this
+    # path on every call
     if guarded is False and pool.available and x.dtype == dtype and threads not in compiled:
-        if ("driver", ahead) in compiled:
+        if ("driver", ahead) in compiled and (choice is None or choice.chosen is not None):
             compiled[threads] = _pooled_global(call, threads, ahead, serial)
     return y
+
+
+def _ahead_choice(call: GlobalCall, input_bytes: int, threads: int) -> prefetch.AheadChoice | None:
+    """Whether ``call``'s runs on ``threads`` threads read ahead, as chosen so far
+    (prefetch.AheadChoice, kept in the call's ``compiled``), where its kernel can and each
+    thread's share of ``input_bytes`` is large enough for it to matter
+    (prefetch.reads_ahead); else None."""
+    plain, ahead = call.constants
+    if plain is ahead or not prefetch.reads_ahead(input_bytes, threads):
+        return None
+    key = ("ahead", threads)
+    compiled = call.compiled
+    return compiled.get(key) or compiled.setdefault(key, prefetch.AheadChoice())
 
 
 def _global_arrays(rows_in, rows_out, storage, bits) -> tuple:

@@ -264,6 +264,7 @@ def test_global_max_at_every_place(dtype, reads_ahead, monkeypatch):
     # large input (prefetch.reads_ahead), which changes no result
     if reads_ahead:
         monkeypatch.setattr(prefetch, "SHARE_AHEAD_BYTES", 0)
+        monkeypatch.setattr(prefetch.AheadChoice, "now", lambda choice: True)
     for length in (1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 49, 64, 65):
         negatives = -np.arange(1, length + 1, dtype=np.float64)
         channels = []
@@ -283,6 +284,7 @@ def test_global_average_reading_ahead_keeps_its_bits(dtype, monkeypatch):
     x = np.random.default_rng(7).standard_normal((2, 300, 7, 7)).astype(dtype)
     expected = numbapool.global_average_pool(x)
     monkeypatch.setattr(prefetch, "SHARE_AHEAD_BYTES", 0)
+    monkeypatch.setattr(prefetch.AheadChoice, "now", lambda choice: True)
     got = numbapool.global_average_pool(x)
     assert got.tobytes() == expected.tobytes()
     _check_float(
@@ -300,6 +302,66 @@ def test_a_thread_reads_ahead_from_a_share_of_the_cache():
     assert share > 0
     assert prefetch.reads_ahead(share, 1) and not prefetch.reads_ahead(share - 1, 1)
     assert prefetch.reads_ahead(2 * share, 2) and not prefetch.reads_ahead(2 * share - 1, 2)
+
+
+def test_reading_ahead_is_chosen_by_the_time_each_way_took():
+    # the first runs alternate, plain first; each way's first run is not counted; then the
+    # way with the lower median stays, whatever later runs take
+    for ahead_seconds, chosen in ((2.0, False), (0.5, True)):
+        choice = prefetch.AheadChoice()
+        ways = []
+        for run in range(2 * (prefetch.AHEAD_TRIALS + 1)):
+            ahead = choice.now()
+            ways.append(ahead)
+            # a first run of reading ahead that would win alone, uncounted
+            choice.record(ahead, (0.01 if run == 1 else ahead_seconds) if ahead else 1.0)
+        assert ways == [False, True] * (prefetch.AHEAD_TRIALS + 1)
+        assert choice.chosen is chosen
+        choice.record(not chosen, 1e-9)
+        assert choice.now() is chosen
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("op", ["GlobalMaxPool", "GlobalAveragePool"])
+def test_a_global_call_chooses_whether_to_read_ahead_and_keeps_its_bits(op, threads, monkeypatch):
+    # where each thread's share is large enough (here every share), a global call's first
+    # runs try both ways, timed, then keep one: every run gives the same bits, and the
+    # call then runs through its prepared path with the way chosen
+    from numbapool import _dispatch
+
+    monkeypatch.setattr(prefetch, "SHARE_AHEAD_BYTES", 0)
+    ways = []
+    record = prefetch.AheadChoice.record
+    monkeypatch.setattr(
+        prefetch.AheadChoice,
+        "record",
+        lambda choice, ahead, seconds: (
+            choice.chosen is None and ways.append(ahead),
+            record(choice, ahead, seconds),
+        ),
+    )
+    from numbapool._kernels import parallel
+
+    x = np.random.default_rng(11).standard_normal((3, 257, 300)).astype(np.float32)
+    key = (op, x.shape, x.dtype, 2.0)
+    monkeypatch.delitem(_dispatch._GLOBAL_CALLS, key, raising=False)  # a call not yet met
+    function = numbapool.global_max_pool if op == "GlobalMaxPool" else numbapool.global_average_pool
+    with numbapool.threads(threads):
+        function(x)
+        parallel.wait_for_drivers()  # a run while the driver compiles is not timed
+        results = {function(x).tobytes() for _ in range(4 * (prefetch.AHEAD_TRIALS + 1))}
+    assert len(results) == 1
+    expected = reference.global_pool(op, x)
+    if op == "GlobalMaxPool":
+        assert results.pop() == expected.astype(np.float32).tobytes()
+    else:
+        _check_float(function(x), expected, x.dtype, _global_average_accumulation(x))
+    choice = _dispatch._GLOBAL_CALLS[key].compiled["ahead", threads]
+    assert choice.chosen is not None
+    assert ways.count(True) == ways.count(False) == prefetch.AHEAD_TRIALS + 1
+    if threads > 1:
+        # the prepared path, made once the way is chosen
+        assert threads in _dispatch._GLOBAL_CALLS[key].compiled
 
 
 @SETTINGS

@@ -1,5 +1,6 @@
 """A cache hint for loops whose memory access the hardware prefetchers follow too late."""
 
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -109,3 +110,43 @@ def reads_ahead(input_bytes: int, threads: int) -> bool:
     6.4 MB 1.16x and 3.2 MB 1.19x as long; at 2 threads 12.8 MB 1.00, 9.6 MB 1.15x as
     long."""
     return input_bytes >= threads * SHARE_AHEAD_BYTES
+
+
+# Counted runs of each way before AheadChoice chooses, after an uncounted first of each
+AHEAD_TRIALS = 3
+
+
+class AheadChoice:
+    """Whether a global pool's calls of one shape and thread count read ahead, where their
+    shares are large enough for it to matter (reads_ahead): chosen by the time each way
+    took on this machine, the first calls alternating between them.
+
+    Whether asking for memory ahead pays depends on the processor's own prefetchers.
+    GlobalMaxPool over 7x7 channels on one core, 12.8 MB: on a Zen 3 reading ahead took
+    0.59 to 0.61 of the time; on a Zen 4 1.31x as long (GlobalAveragePool 1.25x), and
+    longer at every size from 3.2 to 51 MB. The first run of each way is not counted (it
+    pays for page faults and cold caches); after AHEAD_TRIALS counted runs of each the
+    way with the lower median stays. The results are the same either way, bit for bit."""
+
+    __slots__ = ("runs", "chosen")
+
+    def __init__(self) -> None:
+        self.runs = ([], [])  # seconds of the runs without and with reading ahead
+        self.chosen: bool | None = None
+
+    def now(self) -> bool:
+        """Whether the next run reads ahead: the way chosen, or the way with fewer runs."""
+        if self.chosen is not None:
+            return self.chosen
+        plain, ahead = self.runs
+        return len(ahead) < len(plain)
+
+    def record(self, ahead: bool, seconds: float) -> None:
+        """Take a run's time, with or without reading ahead; choose once each way has run
+        AHEAD_TRIALS times after its first."""
+        if self.chosen is not None:
+            return
+        self.runs[ahead].append(seconds)
+        plain, ahead_runs = self.runs
+        if min(len(plain), len(ahead_runs)) > AHEAD_TRIALS:
+            self.chosen = statistics.median(ahead_runs[1:]) < statistics.median(plain[1:])
