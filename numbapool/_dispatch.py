@@ -91,7 +91,6 @@ class Launch(NamedTuple):
     indices_arguments: tuple  # MaxPool's: (entry point with Indices, its arguments after them)
     compiled: dict  # per Indices?, as met: the entry point, and ("driver", Indices?) the
     # driver with its parallel.BlockCall
-    rows_shape: tuple  # (N*C, prod(spatial in)): the input as the kernels take it
     storage: np.dtype | None  # the dtype the kernels see the arrays as, if not the plan's
 
 
@@ -116,7 +115,6 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
     entry, arguments = _kernel_call(request)
     # MaxPool's kernels with Indices: the ones without track no winning taps
     indices_arguments = _kernel_call(request, indices=True) if plan.op == "MaxPool" else None
-    rows_shape = (plan.in_shape[0] * plan.in_shape[1], math.prod(plan.spatial_in))
     launch = plan.launches[threads] = Launch(
         split.units,
         split.chunks,
@@ -124,7 +122,6 @@ def _launch(plan: WindowPlan, threads: int) -> Launch:
         arguments,
         indices_arguments,
         {},
-        rows_shape,
         STORAGE.get(plan.dtype),
     )
     return launch
@@ -194,12 +191,11 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     A repeated call runs only these lines, a few microseconds in all, which is the whole
     time of a small call: what does not depend on the arrays is looked up once
     (``plan.launches``), and the steps are few; a call that runs on the calling thread
-    alone, over a C-ordered input, runs a call prepared at the first (_serial_call)."""
+    alone runs a call prepared at the first (_serial_call)."""
     serial_call = plan.serial_calls.get(return_indices)
     # the first call decided whether the plan runs serially, before it made serial_call
     if (
         serial_call is not None
-        and x.flags.c_contiguous
         and x.dtype is plan.dtype
         and (plan.choices.serial or _threads.get_num_threads() == 1)
     ):
@@ -212,22 +208,23 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
         return (y, indices) if return_indices else y
     launch = _launch(plan, threads)
     # unpacked, not read by name: this runs on every call
-    (units, chunks, entry, arguments, indices_arguments, compiled, rows_shape, storage) = launch
-    # a view when x is C-ordered and native; otherwise one copy, which leaves x as it was
-    rows_in = np.ascontiguousarray(x, plan.dtype).reshape(rows_shape)
-    rows_out = y.reshape(rows_shape[0], -1)
+    (units, chunks, entry, arguments, indices_arguments, compiled, storage) = launch
+    # the arrays as one axis each (units.py): a view when x is C-ordered and native;
+    # otherwise one copy, which leaves x as it was
+    flat_in = np.ascontiguousarray(x, plan.dtype).ravel()
+    flat_out = y.ravel()
     if storage is not None:
-        rows_in, rows_out = rows_in.view(storage), rows_out.view(storage)
+        flat_in, flat_out = flat_in.view(storage), flat_out.view(storage)
     if return_indices:  # the kernels without Indices track no winning taps
         entry, indices_rest = indices_arguments
-        arguments = (indices.reshape(rows_shape[0], -1), *indices_rest)
-    arguments = (rows_in, rows_out, *arguments)
+        arguments = (indices.ravel(), *indices_rest)
+    arguments = (flat_in, flat_out, *arguments)
     entry_point = compiled.get(return_indices) or compiled.setdefault(
         return_indices, entry.compile(arguments)
     )
     if not chunks or threads == 1:
         entry_point.function(0, units, *arguments)
-        # made once: a non-C-ordered input takes this path on every call
+        # made once: an input of another dtype takes this path on every call
         if x.dtype is plan.dtype and return_indices not in plan.serial_calls:
             plan.serial_calls[return_indices] = _serial_call(
                 plan, launch, return_indices, entry_point
@@ -348,7 +345,7 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> GlobalCall
     request = GlobalRequest(op, plan.dtype, p)
     family, kinds = choice.choose(request)
     # the maximum runs over the bits as signed integers (global_.global_max_units)
-    bits = SIGNED_BITS[plan.dtype.itemsize] if "x_bits" in family.arrays else None
+    bits = SIGNED_BITS[plan.dtype.itemsize] if "row_bits" in family.arrays else None
     plain = (*family.argument_values(request), *kinds)
     kernels = (
         family.entry_point(kinds),
@@ -510,31 +507,27 @@ def _pooled_global(call: GlobalCall, threads: int, ahead: bool, serial: tuple) -
 
 
 def _serial_call(plan: WindowPlan, launch: Launch, return_indices: bool, entry_point) -> Callable:
-    """A call of ``plan`` on the calling thread alone, as run_window makes it, for a
-    C-ordered input of the plan's dtype: the output allocated, the arrays viewed as rows,
-    the compiled ``entry_point`` called. On a small call these lines and the plan's lookup
-    are its whole time: the tiny case (MaxPool 2x2 over 1x3x8x8, one core) took 0.875 of
-    the time through them that it took through run_window's general lines."""
-    out_shape, dtype, rows_shape, storage = (
-        plan.out_shape,
-        plan.dtype,
-        launch.rows_shape,
-        launch.storage,
-    )
-    rows_out = (rows_shape[0], -1)
+    """A call of ``plan`` on the calling thread alone, as run_window makes it, for an input
+    of the plan's dtype: the output allocated, the arrays viewed as one axis (``ravel``,
+    which copies an input that is not C-ordered), the compiled ``entry_point`` called. On
+    a small call these lines and the plan's lookup are its whole time: the tiny case
+    (MaxPool 2x2 over 1x3x8x8, one core) took 0.875 of the time through them that it took
+    through run_window's general lines, and 0.89 of that again once the kernels took the
+    arrays as one axis, viewed by ravel rather than reshape."""
+    out_shape, dtype, storage = plan.out_shape, plan.dtype, launch.storage
     units, function, empty = launch.units, entry_point.function, np.empty
     arguments = launch.indices_arguments[1] if return_indices else launch.arguments
 
     def call(x):
         y = empty(out_shape, dtype)
-        rows_in, rows_y = x.reshape(rows_shape), y.reshape(rows_out)
+        flat_in, flat_out = x.ravel(), y.ravel()
         if storage is not None:
-            rows_in, rows_y = rows_in.view(storage), rows_y.view(storage)
+            flat_in, flat_out = flat_in.view(storage), flat_out.view(storage)
         if return_indices:  # the kernels without Indices track no winning taps
             indices = empty(out_shape, np.int64)
-            function(0, units, rows_in, rows_y, indices.reshape(rows_out), *arguments)
+            function(0, units, flat_in, flat_out, indices.ravel(), *arguments)
             return y, indices
-        function(0, units, rows_in, rows_y, *arguments)
+        function(0, units, flat_in, flat_out, *arguments)
         return y
 
     return call

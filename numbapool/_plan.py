@@ -33,8 +33,8 @@ AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
 # Rows of WindowPlan.geometry["axes"], one column per spatial axis: what the kernels index.
 AXIS_IN, AXIS_OUT, AXIS_STRIDE, AXIS_DILATION, AXIS_PAD_BEGIN, AXIS_PAD_END = range(6)
-AXIS_INPUT_STRIDE, AXIS_INDEX_STRIDE, AXIS_EXTENT = 6, 7, 8
-AXIS_ROWS = 9
+AXIS_INPUT_STRIDE, AXIS_INDEX_STRIDE, AXIS_EXTENT, AXIS_OUTPUT_STRIDE = 6, 7, 8, 9
+AXIS_ROWS = 10
 
 
 # --------------------------------------------------------------------------- validation
@@ -200,6 +200,7 @@ class WindowPlan:
         axes[AXIS_INPUT_STRIDE] = row_major
         axes[AXIS_INDEX_STRIDE] = index_strides
         axes[AXIS_EXTENT] = window_extents(self.kernel_shape, self.dilations)
+        axes[AXIS_OUTPUT_STRIDE] = _row_major_strides(self.spatial_out)
         taps = np.indices(self.kernel_shape, dtype=np.int64).reshape(rank, -1).T.copy()
         dilations = np.array(self.dilations, dtype=np.int64)
         tap_offsets = taps @ (dilations * row_major)

@@ -35,7 +35,7 @@ from .max_vectors import (
 from .maxima import any_tie, border_max, fold_max_function, is_tie, max_run, nan_max, start_maxima
 from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead
 from .scratch import empty, full, release
-from .units import first_unit_row, tap_is_inside, unit_row
+from .units import first_unit_row, input_plane, output_plane, tap_is_inside, unit_row
 
 
 @njit(inline="always")
@@ -268,7 +268,7 @@ def column_units(
     # scratch of _three_wide_step_two_windows (unused by the other kinds)
     pairs = empty(block, x.dtype)
     evens = empty(block + 1, x.dtype)
-    starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
+    starts, positions, nc = first_unit_row(unit_begin, axes, block)
     # fold_planes: the window's taps along the axes before the last two are first folded
     # over whole input planes (one long loop per plane) when a unit's differ from the
     # last unit's; each output row then folds only its rows of that plane. Both folds go
@@ -284,7 +284,15 @@ def column_units(
     prefetching = x.size * x.itemsize >= PREFETCH_INPUT_BYTES
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = unit_row(
-            unit, unit_begin, nc, positions, starts, axes, block, x, y
+            unit,
+            unit_begin,
+            nc,
+            positions,
+            starts,
+            axes,
+            block,
+            input_plane(axes),
+            output_plane(axes),
         )
         span_start = first * axes[AXIS_STRIDE, last] - pad  # input position of columns[0]
         span = (end - 1 - first) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last]
@@ -325,7 +333,7 @@ def column_units(
         if inside_rows == 0:
             lo = hi = 0
         elif lead_count == 1 and not fold_planes:  # one input row per window
-            copy_row(columns, lo, hi, source, row_starts[0])
+            copy_row(columns, lo, hi, x, row_starts[0])
         elif fold_planes:
             # the plane first where it is new (fold 0), then the unit's rows of it (fold 1)
             for fold in range(0 if new_planes else 1, 2):
@@ -334,7 +342,7 @@ def column_units(
                     plane if into_plane else columns,
                     0 if into_plane else lo,
                     plane.size if into_plane else hi,
-                    source if into_plane else plane,
+                    x if into_plane else plane,
                     plane_starts if into_plane else row_starts,
                     new_planes if into_plane else inside_rows,
                     vector_fold,
@@ -345,11 +353,11 @@ def column_units(
             if new_planes:
                 plane_state[0] = key
         else:
-            _fold_column_rows(columns, lo, hi, source, row_starts, inside_rows, vector_fold, True)
+            _fold_column_rows(columns, lo, hi, x, row_starts, inside_rows, vector_fold, True)
             if prefetching:
                 # the rows the next units read: as many as an output row steps over
                 prefetch_ahead(
-                    source,
+                    x,
                     np.uint64(row_starts[inside_rows - 1]),
                     np.uint64((hi - lo) * axes[AXIS_STRIDE, last - 1]),
                 )
@@ -363,18 +371,16 @@ def column_units(
         # 1.1x faster in one loop body. Tested on the literals themselves, so that numba
         # drops the branch a kind does not take.
         if window_width == 3 and window_step == 2 and check_ties:
-            suspect = _three_wide_step_two_windows(columns, pairs, evens, out, out_begin, count)
+            suspect = _three_wide_step_two_windows(columns, pairs, evens, y, out_begin, count)
         else:
             if window_width == 3 and window_step == 2 and vector_fold:  # int8 and uint8
-                three_wide_step_two(columns, out, out_begin, np.uint64(count))
+                three_wide_step_two(columns, y, out_begin, np.uint64(count))
             elif window_width == 3 and window_step == 1 and dilation != 1:
-                _column_windows(
-                    columns, out, out_begin, count, 3, np.uint64(1), np.uint64(dilation)
-                )
+                _column_windows(columns, y, out_begin, count, 3, np.uint64(1), np.uint64(dilation))
             elif window_width:
                 _column_windows(
                     columns,
-                    out,
+                    y,
                     out_begin,
                     count,
                     window_width,
@@ -382,10 +388,10 @@ def column_units(
                     np.uint64(1),
                 )
             else:
-                start_maxima(out, None, out_begin, count, lowest)
+                start_maxima(y, None, out_begin, count, lowest)
                 for kw in range(k_last):
-                    max_run(columns, np.uint64(kw * dilation), step, out, out_begin, count)
-            suspect = check_ties and any_tie(out, out_begin, count)
+                    max_run(columns, np.uint64(kw * dilation), step, y, out_begin, count)
+            suspect = check_ties and any_tie(y, out_begin, count)
         # zeros and NaNs taken again in row-major order, where the windows hold a -0 or
         # a NaN (on the literal first: int8 and uint8 compile no retake). Where they hold
         # neither, every zero of the unit's windows is +0 and the scan returns one of the
@@ -407,7 +413,7 @@ def column_units(
                     span_start + lo,
                 )
                 held = rows_hold_negative_zero_or_nan(
-                    source, row_starts, np.uint64(inside_rows), np.uint64(hi - lo)
+                    x, row_starts, np.uint64(inside_rows), np.uint64(hi - lo)
                 )
             else:
                 # The column maxima stand for the rows: the fold keeps each column's first
@@ -422,14 +428,14 @@ def column_units(
                 )
             if held:
                 for j in range(count):
-                    if is_tie(decode(out[out_begin + np.uint64(j)])):
-                        out[out_begin + np.uint64(j)] = border_max(
+                    if is_tie(decode(y[out_begin + np.uint64(j)])):
+                        y[out_begin + np.uint64(j)] = border_max(
                             first + j,
                             row_offset,
                             row_inside,
                             starts,
                             lowest,
-                            source,
+                            x,
                             axes,
                             taps,
                             tap_offsets,

@@ -175,19 +175,22 @@ def _array(dtype: np.dtype, ndim: int, readonly: bool = False) -> types.Array:
     return array.copy(readonly=True) if readonly else array
 
 
-# The call's own arrays a family may take, first, as numba types for a dtype: the input
-# and output as rows of each channel (N*C, elements), MaxPool's Indices, and a global
-# pool's output (N*C,); ``*_bits`` are GlobalMaxPool's views of them as signed integers.
+# The call's own arrays a family may take, first, as numba types for a dtype: a windowed
+# pool's input, output and MaxPool's Indices as one axis each (units.py: the Python that
+# views a C-ordered array so, ravel, is the cheapest of numpy's views), a global pool's
+# input as rows of each channel (N*C, elements) and its output (N*C,); ``*_bits`` are
+# GlobalMaxPool's views of them as signed integers.
 ARRAYS: dict[str, Callable[[np.dtype], types.Array]] = {
-    "x": lambda dtype: _array(storage_dtype(dtype), 2, readonly=True),
-    "y": lambda dtype: _array(storage_dtype(dtype), 2),
-    "indices": lambda dtype: _array(np.dtype(np.int64), 2),
-    "x_bits": lambda dtype: _array(_signed_bits(dtype), 2, readonly=True),
+    "x": lambda dtype: _array(storage_dtype(dtype), 1, readonly=True),
+    "y": lambda dtype: _array(storage_dtype(dtype), 1),
+    "indices": lambda dtype: _array(np.dtype(np.int64), 1),
+    "rows": lambda dtype: _array(storage_dtype(dtype), 2, readonly=True),
+    "row_bits": lambda dtype: _array(_signed_bits(dtype), 2, readonly=True),
     "channels_out": lambda dtype: _array(storage_dtype(dtype), 1),
     "channels_out_bits": lambda dtype: _array(_signed_bits(dtype), 1),
 }
 # the arrays a kernel only reads
-_INPUTS = ("x", "x_bits")
+_INPUTS = ("x", "rows", "row_bits")
 
 
 class Family(NamedTuple):

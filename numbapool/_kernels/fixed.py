@@ -20,7 +20,14 @@ from .maxima import border_max, fold_max
 from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead
 from .scratch import release
 from .sums import border_sum, leading_divisor, lp_root, mean_at, queue_roots, root_queue, term_at
-from .units import first_unit_row, interior_outputs, interior_span, unit_row
+from .units import (
+    first_unit_row,
+    input_plane,
+    interior_outputs,
+    interior_span,
+    output_plane,
+    unit_row,
+)
 
 
 @njit(inline="always")
@@ -56,10 +63,11 @@ def fixed_max_units(
     a 2-D window) with no dilation, at this last-axis step."""
     last, row_length, plane, pad = _fixed_layout(axes)
     interior = interior_outputs(axes, width)
-    starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
+    starts, positions, nc = first_unit_row(unit_begin, axes, block)
+    in_plane, out_plane = input_plane(axes), output_plane(axes)
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = unit_row(
-            unit, unit_begin, nc, positions, starts, axes, block, x, y
+            unit, unit_begin, nc, positions, starts, axes, block, in_plane, out_plane
         )
         lo = hi = end
         if row_inside:
@@ -68,25 +76,25 @@ def fixed_max_units(
                 at = np.uint64(row_offset + o * step - pad)
                 # from the first tap, not from ``lowest``: folding any element into lowest
                 # gives that element, bit for bit, and the unrolled taps fold one less
-                best = source[at]
+                best = x[at]
                 for d in range(depth):
                     for r in range(height):
                         for w in range(width):
                             if d + r + w > 0:
                                 best = fold_max(
-                                    best, source[at + np.uint64(d * plane + r * row_length + w)]
+                                    best, x[at + np.uint64(d * plane + r * row_length + w)]
                                 )
-                out[np.uint64(out_first + o)] = best
+                y[np.uint64(out_first + o)] = best
             prefetch_window_rows(
-                source, row_offset, row_length, plane, depth, height, axes[AXIS_STRIDE, last - 1]
+                x, row_offset, row_length, plane, depth, height, axes[AXIS_STRIDE, last - 1]
             )
         for o in range(first, lo):
-            out[np.uint64(out_first + o)] = border_max(
-                o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets
+            y[np.uint64(out_first + o)] = border_max(
+                o, row_offset, row_inside, starts, lowest, x, axes, taps, tap_offsets
             )
         for o in range(hi, end):
-            out[np.uint64(out_first + o)] = border_max(
-                o, row_offset, row_inside, starts, lowest, source, axes, taps, tap_offsets
+            y[np.uint64(out_first + o)] = border_max(
+                o, row_offset, row_inside, starts, lowest, x, axes, taps, tap_offsets
             )
     release(starts, positions)
 
@@ -175,10 +183,11 @@ def fixed_sum_units(
     queue = root_queue(p_kind, block)
     queued = 0
     prefetching = x.size * x.itemsize >= PREFETCH_INPUT_BYTES
-    starts, positions, source, out, nc = first_unit_row(unit_begin, axes, block, x, y)
+    starts, positions, nc = first_unit_row(unit_begin, axes, block)
+    in_plane, out_plane = input_plane(axes), output_plane(axes)
     for unit in range(unit_begin, unit_end):
         nc, first, end, row_offset, row_inside, out_first = unit_row(
-            unit, unit_begin, nc, positions, starts, axes, block, x, y
+            unit, unit_begin, nc, positions, starts, axes, block, in_plane, out_plane
         )
         leading = leading_divisor(divisor_counts, positions, last) if p_kind == 0 else 1
         queue_base = queued - first
@@ -186,8 +195,8 @@ def fixed_sum_units(
         if row_inside:
             lo, hi = interior_span(first, end, interior)
             _interior_sums(
-                source,
-                out,
+                x,
+                y,
                 out_first,
                 lo,
                 hi,
@@ -210,7 +219,7 @@ def fixed_sum_units(
             )
             if prefetching:
                 prefetch_window_rows(
-                    source,
+                    x,
                     row_offset,
                     row_length,
                     plane,
@@ -231,21 +240,21 @@ def fixed_sum_units(
                 zero,
                 p,
                 p_kind,
-                source,
+                x,
                 axes,
                 taps,
                 tap_offsets,
                 width,
             )
             if p_kind == 0:
-                out[np.uint64(out_first + o)] = mean_at(total, leading, divisor_counts, o, zero, y)
+                y[np.uint64(out_first + o)] = mean_at(total, leading, divisor_counts, o, zero, y)
             elif p_kind == 3:
                 queue[np.uint64(queue_base + o)] = total
             else:
-                out[np.uint64(out_first + o)] = encode(lp_root(total, p, p_kind), y)
+                y[np.uint64(out_first + o)] = encode(lp_root(total, p, p_kind), y)
         if p_kind == 3:
             queued = queue_roots(
-                queue, queued + end - first, out, np.uint64(out_first + end), unit == unit_end - 1
+                queue, queued + end - first, y, np.uint64(out_first + end), unit == unit_end - 1
             )
     release(queue, starts, positions)
 

@@ -369,7 +369,7 @@ MAX_FAMILY = Family(
     serves=lambda request: (),
     kinds=lambda op, dtype: ((),),
     arguments=("magnitude_mask", "inf_bits", "sign_shift", "reads_ahead"),
-    arrays=("x", "x_bits", "channels_out", "channels_out_bits"),
+    arrays=("rows", "row_bits", "channels_out", "channels_out_bits"),
     examples=(("GlobalMaxPool", _EXAMPLE, {}),),
 )
 # GlobalAveragePool narrower than float64: the float32 block sums of docs/semantics.md
@@ -379,7 +379,7 @@ BLOCK_SUM_FAMILY = Family(
     serves=lambda request: () if _narrow(request.dtype) else None,
     kinds=lambda op, dtype: ((),) if _narrow(dtype) else (),
     arguments=("reads_ahead",),
-    arrays=("x", "channels_out"),
+    arrays=("rows", "channels_out"),
     examples=(("GlobalAveragePool", _EXAMPLE, {}),),
 )
 REORDERED_FAMILY = Family(
@@ -392,7 +392,7 @@ REORDERED_FAMILY = Family(
     ),
     kinds=lambda op, dtype: tuple((k,) for k in _REORDERED_P_KINDS) if _narrow(dtype) else (),
     arguments=("p",),
-    arrays=("x", "channels_out"),
+    arrays=("rows", "channels_out"),
     examples=(("GlobalLpPool", _EXAMPLE, dict(p=2)), ("GlobalLpPool", _EXAMPLE, dict(p=1))),
 )
 # every other global sum, in order: GlobalAveragePool of float64 (the exact sum would gain
@@ -407,7 +407,7 @@ IN_ORDER_FAMILY = Family(
         if not _narrow(dtype) or (op == "GlobalLpPool" and k not in _REORDERED_P_KINDS)
     ),
     arguments=("p",),
-    arrays=("x", "channels_out"),
+    arrays=("rows", "channels_out"),
     examples=(
         ("GlobalAveragePool", _EXAMPLE, {}),
         ("GlobalLpPool", _EXAMPLE, dict(p=3)),

@@ -29,7 +29,7 @@ from .codec import decode
 from .family import Family
 from .max_vectors import rows_hold_negative_zero_or_nan
 from .maxima import fold_max, fold_max_function, is_tie
-from .scratch import empty, flat_view, full, release
+from .scratch import empty, full, release
 from .units import plane_axes
 
 # The largest padded planes served, where it measured faster than the columns kernel on
@@ -149,8 +149,6 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
     region = empty(padded_height * padded_width, x.dtype)
     row_maxima = empty(out_height * padded_width, x.dtype)
     maxima = empty(out_height * padded_width, x.dtype)
-    source = flat_view(x)
-    out = flat_view(y)
     plane_state = full(2, -1, np.int64)  # the plane last scanned for a -0 or a NaN, and
     # whether it holds one
     plane_starts = empty(1, np.int64)  # its start, as one row of the scan
@@ -169,7 +167,7 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
         if padded_width == width and first >= top and first + region_rows <= top + height:
             _fold_taps(
                 row_maxima,
-                source,
+                x,
                 plane_start + (first - top) * width,
                 count,
                 window_rows,
@@ -177,7 +175,7 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
             )
         else:
             _copy_region(
-                source,
+                x,
                 plane_start,
                 region,
                 first,
@@ -199,7 +197,7 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
             suspect = False  # a zero or a NaN, checked as the row is stored
             for o in range(np.uint64(out_width)):
                 value = maxima[at + o]
-                out[out_at + o] = value
+                y[out_at + o] = value
                 suspect |= check_ties and is_tie(decode(value))
             if check_ties and suspect:  # on the literal: int8 and uint8 compile no retake
                 # only where the plane holds a -0 or a NaN (columns.py's retake: why),
@@ -208,12 +206,12 @@ def max_plane_units(unit_begin, unit_end, x, y, lowest, axes, block, check_ties)
                     plane_state[0] = plane
                     plane_starts[0] = plane_start
                     plane_state[1] = rows_hold_negative_zero_or_nan(
-                        source, plane_starts, np.uint64(1), np.uint64(height * width)
+                        x, plane_starts, np.uint64(1), np.uint64(height * width)
                     )
                 for o in range(out_width if plane_state[1] else 0):
-                    if is_tie(decode(out[out_at + np.uint64(o)])):
-                        out[out_at + np.uint64(o)] = _row_major_max(
-                            source,
+                    if is_tie(decode(y[out_at + np.uint64(o)])):
+                        y[out_at + np.uint64(o)] = _row_major_max(
+                            x,
                             plane_start,
                             first + row,
                             o,

@@ -23,12 +23,14 @@ from .._plan import AXIS_DILATION, AXIS_IN, AXIS_INDEX_STRIDE, AXIS_OUT, AXIS_PA
 from . import INLINED, inlined, kernel
 from .codec import decode
 from .family import Family
-from .scratch import empty, flat_view, full, release
+from .scratch import empty, full, release
 from .units import (
     first_input_row,
     first_unit,
+    input_plane,
     input_row_strides,
     next_unit,
+    output_plane,
     place_row,
     row_slot,
     tap_is_inside,
@@ -242,7 +244,8 @@ def max_pool_units_with_indices(
     last = rank - 1
     step = np.uint64(axes[AXIS_STRIDE, last])
     out_last = axes[AXIS_OUT, last]
-    channel_size = x.shape[1]
+    channel_size = input_plane(axes)
+    out_plane = output_plane(axes)
     channel_rows = channel_size // axes[AXIS_IN, last]
     row_strides = input_row_strides(axes)
     k_last = taps[taps.shape[0] - 1, last] + 1
@@ -253,8 +256,6 @@ def max_pool_units_with_indices(
     rows = empty(max(slots, 1) * block, x.dtype)
     row_taps = empty(max(slots, 1) * block, np.int64)
     keys = full(max(slots, 1), -1, np.int64)
-    source = flat_view(x)
-    out = flat_view(y)
     positions = empty(rank, np.int64)
     nc = first_unit(unit_begin, axes, block, positions)
     for unit in range(unit_begin, unit_end):
@@ -270,7 +271,7 @@ def max_pool_units_with_indices(
                 continue
             if slots == 0:  # no input row is shared by two output rows: fold taps directly
                 max_over_last_axis(
-                    source,
+                    x,
                     row_offset + tap_offsets[tap],
                     first,
                     end,
@@ -291,7 +292,7 @@ def max_pool_units_with_indices(
                 start_maxima(rows, row_taps, base, end - first, lowest)
                 # np.int64: a literal 0 would make numba compile a second specialization
                 max_over_last_axis(
-                    source,
+                    x,
                     row_offset + tap_offsets[tap],
                     first,
                     end,
@@ -313,15 +314,17 @@ def max_pool_units_with_indices(
                 )
                 best[j] = value if take else best[j]
                 best_taps[j] = tap + found if take else best_taps[j]
-        out_begin = np.uint64(nc * y.shape[1] + row + first)
+        out_begin = np.uint64(nc * out_plane + row + first)
         for j in range(end - first):
-            out[out_begin + np.uint64(j)] = best[j]
+            y[out_begin + np.uint64(j)] = best[j]
         starts[last] = first * axes[AXIS_STRIDE, last] - axes[AXIS_PAD_BEGIN, last]
         at = window_index(nc, channel_size, starts, axes)
         at_step = axes[AXIS_STRIDE, last] * axes[AXIS_INDEX_STRIDE, last]
         for j in range(end - first):
             tap = best_taps[j]
-            indices[nc, row + first + j] = -1 if tap < 0 else at + j * at_step + index_offsets[tap]
+            indices[out_begin + np.uint64(j)] = (
+                -1 if tap < 0 else at + j * at_step + index_offsets[tap]
+            )
     release(row_strides, starts, best, best_taps, rows, row_taps, keys, positions)
 
 

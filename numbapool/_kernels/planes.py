@@ -25,7 +25,7 @@ from numba import njit
 from . import inlined, kernel
 from .codec import accumulator_array
 from .family import Family, p_kind
-from .scratch import flat_view, release
+from .scratch import release
 from .sums import border_row_sum, divisor_row, term_at, window_output
 from .units import interior_outputs, plane_axes
 
@@ -135,8 +135,6 @@ def plane_sum_units(
     run_rows = max(1, RUN_BYTES // (out_width * sums.itemsize * row_step))
     row_divisors = accumulator_array(out_width if p_kind == 0 else 0, zero)
     divisors_leading = -1
-    source = flat_view(x)
-    out = flat_view(y)
     stride = np.uint64(out_width)
     unit = unit_begin
     while unit < unit_end:
@@ -149,7 +147,7 @@ def plane_sum_units(
         row_hi = min(height, (end - 1) * row_step - top + 3)
         if column_step == 1 and out_width == width:
             _flat_row_sums(
-                source,
+                x,
                 np.uint64((plane * height + row_lo) * width),
                 row_hi - row_lo,
                 width,
@@ -161,7 +159,7 @@ def plane_sum_units(
         else:
             for row in range(row_lo, row_hi):
                 _row_sums(
-                    source,
+                    x,
                     np.uint64((plane * height + row) * width),
                     sums,
                     np.uint64(row - row_lo) * stride,
@@ -190,7 +188,7 @@ def plane_sum_units(
                 rows,
                 np.uint64(inside_top - row_lo) * stride,
                 stride,
-                out,
+                y,
                 np.uint64((plane * out_height + row) * out_width),
                 np.uint64(out_width),
                 p,

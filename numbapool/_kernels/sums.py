@@ -24,14 +24,16 @@ from .codec import (
     float64_from_bits,
 )
 from .family import Family, p_kind
-from .scratch import empty, flat_view, full, release
+from .scratch import empty, full, release
 from .units import (
     first_input_row,
     first_unit,
+    input_plane,
     input_row_strides,
     interior_outputs,
     interior_span,
     next_unit,
+    output_plane,
     place_row,
     row_slot,
     tap_is_inside,
@@ -414,7 +416,8 @@ def sum_pool_units(
     last = rank - 1
     step = np.uint64(axes[AXIS_STRIDE, last])
     out_last = axes[AXIS_OUT, last]
-    channel_rows = x.shape[1] // axes[AXIS_IN, last]
+    in_plane, out_plane = input_plane(axes), output_plane(axes)
+    channel_rows = in_plane // axes[AXIS_IN, last]
     row_strides = input_row_strides(axes)
     k_last = taps[taps.shape[0] - 1, last] + 1
     lead_count = taps.shape[0] // k_last
@@ -434,15 +437,13 @@ def sum_pool_units(
     queued = 0
     keys = full(slots, -1, np.int64)
     row_bases = empty(lead_count, np.int64)
-    source = flat_view(x)
-    out = flat_view(y)
     positions = empty(rank, np.int64)
     nc = first_unit(unit_begin, axes, block, positions)
     for unit in range(unit_begin, unit_end):
         if unit > unit_begin:
             nc = next_unit(positions, nc, axes, block)
         first, end, row, row_offset, row_inside = place_row(positions, axes, block, starts)
-        row_offset += nc * x.shape[1]
+        row_offset += nc * in_plane
         all_rows = False  # a window of three cached input rows, all inside: added when divided
         if (
             lead_count == 1
@@ -452,7 +453,7 @@ def sum_pool_units(
             # one input row per window: no rows to add up (three-tap rows take the path
             # below: a second call of three_tap_row_sums made the 2-D windows 5-8% slower)
             sum_over_last_axis(
-                source,
+                x,
                 row_offset,
                 first,
                 end,
@@ -485,7 +486,7 @@ def sum_pool_units(
                 if missing:
                     if three_taps:
                         three_tap_row_sums(
-                            source,
+                            x,
                             row_offset + tap_offsets[tap],
                             first,
                             end,
@@ -498,7 +499,7 @@ def sum_pool_units(
                         )
                     else:
                         sum_over_last_axis(
-                            source,
+                            x,
                             row_offset + tap_offsets[tap],
                             first,
                             end,
@@ -523,7 +524,7 @@ def sum_pool_units(
                 for r in range(inside_rows):
                     for j in range(end - first):
                         totals[j] += rows[np.uint64(row_bases[r]) + np.uint64(j)]
-        out_begin = np.uint64(nc * y.shape[1] + row + first)
+        out_begin = np.uint64(nc * out_plane + row + first)
         if p_kind == 0:
             leading = leading_divisor(divisor_counts, positions, last)
             if leading != divisors_leading:
@@ -531,23 +532,23 @@ def sum_pool_units(
                 divisors_leading = leading
             if all_rows:
                 _three_row_means(
-                    rows, row_bases, out, out_begin, first, end - first, row_divisors, zero, y
+                    rows, row_bases, y, out_begin, first, end - first, row_divisors, zero, y
                 )
             else:
-                store_means(totals, out, out_begin, end - first, first, row_divisors, y)
+                store_means(totals, y, out_begin, end - first, first, row_divisors, y)
         elif p_kind == 3:
             for j in range(end - first):
                 queue[np.uint64(queued + j)] = totals[j]
             queued = queue_roots(
                 queue,
                 queued + end - first,
-                out,
+                y,
                 out_begin + np.uint64(end - first),
                 unit == unit_end - 1,
             )
         else:
             for j in range(end - first):
-                out[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, p_kind), y)
+                y[out_begin + np.uint64(j)] = encode(lp_root(totals[j], p_acc, p_kind), y)
     release(row_strides, row_divisors, starts, totals, rows, queue, keys, row_bases, positions)
 
 

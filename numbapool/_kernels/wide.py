@@ -28,7 +28,7 @@ from .._plan import AXIS_EXTENT
 from . import kernel
 from .codec import accumulator_array, as_accumulator, decode
 from .family import Family, p_kind, row_window
-from .scratch import flat_view, release
+from .scratch import release
 from .sums import divisor_row, lp_term, window_output
 from .units import first_pass_or, plane_axes, ring_slot, ring_slots, window_rows
 
@@ -156,8 +156,6 @@ def wide_sum_units(
     totals = accumulator_array(out_width, zero)
     row_divisors = accumulator_array(out_width if p_kind == 0 else 0, zero)
     divisors_leading = -1
-    source = flat_view(x)
-    out = flat_view(y)
     plane = -1
     next_row = 0  # the plane's next input row without its row sums in the ring
     for unit in range(unit_begin, unit_end):
@@ -166,7 +164,7 @@ def wide_sum_units(
         )
         while next_row < inside_end:
             _padded_row(
-                source,
+                x,
                 np.uint64((plane * height + next_row) * width),
                 padded,
                 left,
@@ -208,7 +206,7 @@ def wide_sum_units(
                 zero,
                 first == inside_top,
                 first + 3 >= inside_end,
-                out,
+                y,
                 out_at,
                 p,
                 p_kind,
