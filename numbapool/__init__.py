@@ -105,41 +105,6 @@ def _as_array(x) -> np.ndarray:
     return x if isinstance(x, np.ndarray) else np.asarray(x)
 
 
-def _pool(
-    op: str,
-    x,
-    kernel_shape,
-    strides,
-    pads,
-    auto_pad,
-    ceil_mode,
-    dilations,
-    count_include_pad=0,
-    p=2,
-    storage_order=0,
-    return_indices=False,
-):
-    """A windowed pooling call: its plan looked up, then run. Arguments by position, and
-    no helper between: this runs on every call, and a small call's time is this."""
-    if not isinstance(x, np.ndarray):
-        x = np.asarray(x)
-    plan = _plan.window_plan(
-        op,
-        x.shape,
-        x.dtype,
-        kernel_shape,
-        strides,
-        pads,
-        auto_pad,
-        ceil_mode,
-        dilations,
-        count_include_pad,
-        p,
-        storage_order,
-    )
-    return _dispatch.run_window(plan, x, return_indices)
-
-
 def max_pool(
     x: ArrayLike,
     kernel_shape: Ints | None = None,
@@ -186,7 +151,7 @@ def max_pool(
     """
     if unexpected:
         _refuse_keywords("max_pool", unexpected)
-    return _pool(
+    return _dispatch.pool_window(
         "MaxPool",
         x,
         kernel_shape,
@@ -241,7 +206,7 @@ def average_pool(
     """
     if unexpected:
         _refuse_keywords("average_pool", unexpected)
-    return _pool(
+    return _dispatch.pool_window(
         "AveragePool",
         x,
         kernel_shape,
@@ -292,7 +257,9 @@ def lp_pool(
     """
     if unexpected:
         _refuse_keywords("lp_pool", unexpected)
-    return _pool("LpPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations, 0, p)
+    return _dispatch.pool_window(
+        "LpPool", x, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations, 0, p
+    )
 
 
 def plan(

@@ -31,6 +31,7 @@ from ._plan import (
     channels_merged_plan,
     global_plan,
     window_extents,
+    window_plan,
 )
 
 # Enough work units per thread that uneven units still balance, and enough runs of them
@@ -185,13 +186,40 @@ def _rows_shared(plan: WindowPlan) -> bool:
     return plan.strides[-2] < window_extents(plan.kernel_shape, plan.dilations)[-2]
 
 
-def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
-    """A windowed pooling call from its plan to the kernel.
-
-    A repeated call runs only these lines, a few microseconds in all, which is the whole
-    time of a small call: what does not depend on the arrays is looked up once
-    (``plan.launches``), and the steps are few; a call that runs on the calling thread
-    alone runs a call prepared at the first (_serial_call)."""
+def pool_window(
+    op: str,
+    x,
+    kernel_shape,
+    strides,
+    pads,
+    auto_pad,
+    ceil_mode,
+    dilations,
+    count_include_pad=0,
+    p=2,
+    storage_order=0,
+    return_indices=False,
+):
+    """A windowed pooling call from the public function's arguments: its plan looked up,
+    then run, by the call prepared at the first (_serial_call) where it runs on the calling
+    thread alone. Arguments by position, and no function between: this runs on every call,
+    and a small call's time is this."""
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    plan = window_plan(
+        op,
+        x.shape,
+        x.dtype,
+        kernel_shape,
+        strides,
+        pads,
+        auto_pad,
+        ceil_mode,
+        dilations,
+        count_include_pad,
+        p,
+        storage_order,
+    )
     serial_call = plan.serial_calls.get(return_indices)
     # the first call decided whether the plan runs serially, before it made serial_call
     if (
@@ -200,6 +228,15 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
         and (plan.choices.serial or _threads.get_num_threads() == 1)
     ):
         return serial_call(x)
+    return run_window(plan, x, return_indices)
+
+
+def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
+    """A windowed pooling call from its plan to the kernel.
+
+    What does not depend on the arrays is looked up once (``plan.launches``), and the
+    steps are few; the first call that runs on the calling thread alone prepares the call
+    that pool_window runs from then on (_serial_call)."""
     # a small call runs on this thread: its split need not depend on the thread count
     threads = 1 if _runs_serially(plan) else _threads.get_num_threads()
     y = np.empty(plan.out_shape, dtype=plan.dtype)
