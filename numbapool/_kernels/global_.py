@@ -111,8 +111,9 @@ def global_max_units(
     flat, flat_bits = flat_view(x), flat_view(bits)
     size = np.uint64(x.shape[1])
     ahead = reads_ahead and x.shape[1] <= SHORT_CHANNEL
-    for nc in range(begin, end):
-        base = np.uint64(nc) * size
+    for channel in range(begin, end):
+        nc = np.uint64(channel)  # unsigned: its stores need no wraparound
+        base = nc * size
         if ahead:
             prefetch_ahead(flat_bits, base, size)
         if not store_first_max(
