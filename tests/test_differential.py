@@ -258,7 +258,7 @@ def first_maxima(x):
 def test_global_max_at_every_place(dtype, reads_ahead, monkeypatch):
     # GlobalMaxPool reads a channel 512 bits at a time, its last elements in one masked load
     # (global_vectors.vector_key_max) or, for float32 and float64 channels at least a vector
-    # long, in the vector that ends at the channel's end (vector_float_max): the largest
+    # long, in the vector that ends at the channel's end (store_float_max): the largest
     # element, a NaN or a zero at each place of channels whose lengths lie around the vector
     # widths of every dtype; with reads_ahead, every call asks for memory ahead, as over a
     # large input (prefetch.reads_ahead), which changes no result

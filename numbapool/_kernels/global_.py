@@ -18,9 +18,9 @@ from numba.extending import overload
 from . import kernel
 from .codec import decode, encode
 from .family import Family, p_kind
-from .global_vectors import LANES, add_to_lanes, block_sum, vector_float_max, vector_key_max
+from .global_vectors import LANES, add_to_lanes, block_sum, store_float_max, vector_key_max
 from .maxima import fold_max
-from .prefetch import AHEAD_BYTES, LINE_BYTES, prefetch, prefetch_ahead
+from .prefetch import AHEAD_BYTES, LINE_BYTES, prefetch
 from .scratch import empty, flat_view, release
 from .sums import lp_root, lp_term
 
@@ -62,7 +62,7 @@ def store_first_max(
     return True, unless the channel holds a NaN or its largest is a zero (+0 and -0 tie),
     which the caller takes again in order. Equal floats other than zeros and NaNs have
     equal bits, so any largest is the first. float32 and float64 through
-    global_vectors.vector_float_max, 16-bit floats as the largest of their order keys
+    global_vectors.store_float_max, 16-bit floats as the largest of their order keys
     (global_vectors.vector_key_max)."""
 
 
@@ -75,11 +75,7 @@ def _store_first_max_overload(
         def floats(
             flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask, inf_bits, sign_shift
         ):
-            largest, any_nan = vector_float_max(flat, base, size)
-            if any_nan or largest == 0:
-                return False
-            y[nc] = largest
-            return True
+            return store_float_max(flat, base, size, y, nc)
 
         return floats
 
@@ -110,12 +106,17 @@ def global_max_units(
     for memory ahead, their loads waiting on memory otherwise."""
     flat, flat_bits = flat_view(x), flat_view(bits)
     size = np.uint64(x.shape[1])
-    ahead = reads_ahead and x.shape[1] <= SHORT_CHANNEL
+    line = np.uint64(LINE_BYTES // x.itemsize)
+    ahead = np.uint64(AHEAD_BYTES // x.itemsize)
+    asks = reads_ahead and x.shape[1] <= SHORT_CHANNEL
     for channel in range(begin, end):
         nc = np.uint64(channel)  # unsigned: its stores need no wraparound
         base = nc * size
-        if ahead:
-            prefetch_ahead(flat_bits, base, size)
+        if asks:
+            at = base + ahead  # a range with a step would divide for its count
+            while at < base + ahead + size:
+                prefetch(flat, at)
+                at += line
         if not store_first_max(
             flat, flat_bits, base, size, y, y_bits, nc, magnitude_mask, inf_bits, sign_shift
         ):

@@ -5,7 +5,7 @@ of docs/semantics.md, lane by lane, which numba's loop would not keep; four vect
 float32 lanes side by side, the elements past the last whole run of lanes in loads whose
 lanes past the channel take no part. float32 elements, and float16 and bfloat16 ones as
 codec.py stores them, decoded a vector at a time. GlobalMaxPool's largest of a channel
-(vector_float_max, and vector_key_max over the order keys of 16-bit floats) goes the same
+(store_float_max, and vector_key_max over the order keys of 16-bit floats) goes the same
 way, but that a channel at least a vector long ends in the vector that ends at its end
 (_fold_last)."""
 
@@ -176,13 +176,13 @@ def _add_to_lanes(builder, data, start, count, end, storage, lanes):
 
 
 def _joined(builder, *incoming):
-    """Where branches meet: a phi for each vector, taking its value in each of the
-    (vectors, block) pairs ``incoming`` from that block."""
+    """Where branches meet: a phi for each value, taking its value in each of the
+    (values, block) pairs ``incoming`` from that block."""
     phis = []
-    for vectors in zip(*(vectors for vectors, _ in incoming)):
-        phi = builder.phi(_V32)
-        for vector, (_, block) in zip(vectors, incoming):
-            phi.add_incoming(vector, block)
+    for values in zip(*(values for values, _ in incoming)):
+        phi = builder.phi(values[0].type)
+        for value, (_, block) in zip(values, incoming):
+            phi.add_incoming(value, block)
         phis.append(phi)
     return phis
 
@@ -370,30 +370,92 @@ def vector_key_max(typingctx, bits, start, count, magnitude_mask, sign_shift):
     return signature, codegen
 
 
-@intrinsic
-def vector_float_max(typingctx, flat, start, count):
-    """``(flat, start, count) -> (largest, any NaN)`` over the float32 or float64 elements
-    flat[start:start + count] (count >= 1): the largest of those that are not NaN (-inf if
-    none), whose bits are those of the first of them unless it is a zero (+0 and -0
-    compare equal), and whether any is NaN: a maximum a 512-bit vector at a time, where
-    order keys (vector_key_max) take five integer operations, and one compare for the
-    NaNs of both its halves (unordered is true where either lane is a NaN).
+# Channels of one to this many vectors take store_float_max's straight way
+STRAIGHT_VECTORS = 4
 
-    The elements past the last whole vector by _fold_last: the vector that ends at the
+
+def _covering_loads(builder, vector_at, count, lanes, alignment):
+    """STRAIGHT_VECTORS vectors that cover a channel of ``count`` elements, one to
+    STRAIGHT_VECTORS vectors of ``lanes``, with no branch: the k-th from element
+    min(k * lanes, count - lanes). A maximum takes an element read twice as once."""
+    last = builder.sub(count, ir.Constant(I64, lanes))
+    loaded = []
+    for k in range(STRAIGHT_VECTORS):
+        offset = ir.Constant(I64, k * lanes)
+        at = builder.select(builder.icmp_unsigned("<", offset, last), offset, last)
+        loaded.append(builder.load(vector_at(at), align=alignment))
+    return loaded
+
+
+def _pairwise(values, combine):
+    """``values`` (a power of two of them) combined in pairs, then the pairs' results in
+    pairs, down to one."""
+    while len(values) > 1:
+        values = [combine(a, b) for a, b in zip(values[0::2], values[1::2])]
+    return values[0]
+
+
+def _larger(builder, a, b):
+    """Lane by lane the larger of a and b, b where either is NaN: one max instruction, with
+    no value left undefined by a NaN (a maximum LLVM may assume free of them)."""
+    return builder.select(builder.fcmp_ordered(">", a, b), a, b)
+
+
+def _straight_float_max(builder, vector_at, count, lanes, alignment):
+    """(largest, any NaN) over a channel of one to STRAIGHT_VECTORS vectors, with no loop
+    and no branch: the loads that cover it (_covering_loads), one NaN test for each pair
+    of them (unordered where either lane is a NaN), the largest of the lanes by halving
+    the vector, whose value, wherever a NaN was, the NaN flag discards."""
+    loaded = _covering_loads(builder, vector_at, count, lanes, alignment)
+    nan = _pairwise(
+        [builder.fcmp_unordered("uno", a, b) for a, b in zip(loaded[0::2], loaded[1::2])],
+        builder.or_,
+    )
+    best = _pairwise(loaded, lambda a, b: _larger(builder, a, b))
+    width = lanes
+    while width > 1:
+        width //= 2
+        halves = [
+            ir.Constant(ir.VectorType(I32, width), list(range(k, k + width))) for k in (0, width)
+        ]
+        best = _larger(builder, *(builder.shuffle_vector(best, best, half) for half in halves))
+    bits = ir.IntType(lanes)
+    return (
+        builder.extract_element(best, ir.Constant(I32, 0)),
+        builder.icmp_unsigned("!=", builder.bitcast(nan, bits), ir.Constant(bits, 0)),
+    )
+
+
+@intrinsic
+def store_float_max(typingctx, flat, start, count, y, out):
+    """``(flat, start, count, y, out) -> stored``: store in y[out] the largest of the
+    float32 or float64 elements flat[start:start + count] (count >= 1), and return True,
+    unless one of them is NaN or the largest is a zero (+0 and -0 compare equal; the
+    caller takes such a channel again in order). Otherwise equal floats have equal bits:
+    the largest is the first largest. A maximum a 512-bit vector at a time, where order
+    keys (vector_key_max) take five integer operations.
+
+    A channel of one to STRAIGHT_VECTORS vectors in straight code
+    (_straight_float_max): over 32x2048x7x7 float32 on one core, 0.75 of the time of the
+    loop below, whose branches and reduction cost more than the loads. Otherwise a loop
+    over the whole vectors, one compare for the NaNs of both halves of each (unordered
+    is true where either lane is a NaN), then by _fold_last the vector that ends at the
     channel's end (a maximum and a NaN flag take an element twice as once), or a shorter
-    channel's in one load (vectors.load_within) whose lanes past the end hold -inf. On one
-    core, GlobalMaxPool over 32x2048x7x7 float32 took 0.95 of the time that a compare for
-    each half and a masked last vector took, over 4x256x56x56 0.79.
+    channel's in one load (vectors.load_within) whose lanes past the end hold -inf: over
+    4x256x56x56 float32, 0.79 of the time of a compare for each half and a masked last
+    vector.
     """
     if not (
         isinstance(flat, types.Array)
         and flat.dtype in (types.float32, types.float64)
         and isinstance(start, types.Integer)
         and isinstance(count, types.Integer)
+        and _scratch(y, flat.dtype)
+        and isinstance(out, types.Integer)
     ):
         return None
     element = flat.dtype
-    signature = types.Tuple((element, types.boolean))(flat, types.uint64, types.uint64)
+    signature = types.boolean(flat, types.uint64, types.uint64, y, types.uint64)
     lanes = 512 // element.bitwidth
     half = lanes // 2
     scalar = F32 if element == types.float32 else ir.DoubleType()
@@ -413,60 +475,92 @@ def vector_float_max(typingctx, flat, start, count):
         vector_at = vectors_at(builder, data, start, vector)
         lowest = ir.Constant(vector, [float("-inf")] * lanes)
 
-        def fold(values, loaded):
-            best, nan = values
-            # a NaN compares false: the kept value stays
-            best = builder.select(builder.fcmp_ordered(">", loaded, best), loaded, best)
-            low, high = (builder.shuffle_vector(loaded, loaded, picked) for picked in halves)
-            return best, builder.or_(
-                nan, builder.sext(builder.fcmp_unordered("uno", low, high), flags)
-            )
+        def looped():
+            """(largest, any NaN) by the loop."""
 
-        values, whole = vector_loop(
-            builder,
-            count,
-            lanes,
-            [lowest, ir.Constant(flags, [0] * half)],
-            lambda i, values: fold(values, builder.load(vector_at(i), align=4)),
-        )
+            def fold(values, loaded):
+                best, nan = values
+                # a NaN compares false: the kept value stays
+                best = builder.select(builder.fcmp_ordered(">", loaded, best), loaded, best)
+                low, high = (builder.shuffle_vector(loaded, loaded, picked) for picked in halves)
+                return best, builder.or_(
+                    nan, builder.sext(builder.fcmp_unordered("uno", low, high), flags)
+                )
 
-        def fold_masked(values):
-            masked_load, _ = masked_memory(builder, vector, suffix)
-            loaded = load_within(
+            values, whole = vector_loop(
                 builder,
-                vector_at(whole),
-                left_lanes(builder, count, whole, 0, lanes),
-                lowest,
-                fits_before(builder, start, whole, lanes, nitems),
-                masked_load,
-                4,
+                count,
+                lanes,
+                [lowest, ir.Constant(flags, [0] * half)],
+                lambda i, values: fold(values, builder.load(vector_at(i), align=4)),
             )
-            return fold(values, loaded)
 
-        best, nan = _fold_last(
-            builder,
-            values,
-            count,
-            lanes,
-            lambda values, offset: fold(values, builder.load(vector_at(offset), align=4)),
-            fold_masked,
-        )
-        # no NaN among the lanes kept, and a NaN anywhere rescans: maxnum's reduction
-        largest = builder.call(
-            declare(builder, f"llvm.vector.reduce.fmax.{suffix}", scalar, [vector]),
-            [best],
-            fastmath=("nnan",),
-        )
-        any_nan = builder.icmp_unsigned(
-            "!=",
-            builder.call(
-                declare(
-                    builder, f"llvm.vector.reduce.or.v{half}i{element.bitwidth}", width, [flags]
+            def fold_masked(values):
+                masked_load, _ = masked_memory(builder, vector, suffix)
+                loaded = load_within(
+                    builder,
+                    vector_at(whole),
+                    left_lanes(builder, count, whole, 0, lanes),
+                    lowest,
+                    fits_before(builder, start, whole, lanes, nitems),
+                    masked_load,
+                    4,
+                )
+                return fold(values, loaded)
+
+            best, nan = _fold_last(
+                builder,
+                values,
+                count,
+                lanes,
+                lambda values, offset: fold(values, builder.load(vector_at(offset), align=4)),
+                fold_masked,
+            )
+            # no NaN among the lanes kept, and a NaN anywhere rescans: maxnum's reduction
+            largest = builder.call(
+                declare(builder, f"llvm.vector.reduce.fmax.{suffix}", scalar, [vector]),
+                [best],
+                fastmath=("nnan",),
+            )
+            any_nan = builder.icmp_unsigned(
+                "!=",
+                builder.call(
+                    declare(
+                        builder, f"llvm.vector.reduce.or.v{half}i{element.bitwidth}", width, [flags]
+                    ),
+                    [nan],
                 ),
-                [nan],
-            ),
-            ir.Constant(width, 0),
+                ir.Constant(width, 0),
+            )
+            return largest, any_nan
+
+        straight = builder.and_(
+            builder.icmp_unsigned(">=", count, ir.Constant(I64, lanes)),
+            builder.icmp_unsigned("<=", count, ir.Constant(I64, STRAIGHT_VECTORS * lanes)),
         )
-        return context.make_tuple(builder, signature.return_type, [largest, any_nan])
+        with builder.if_else(straight) as (in_straight, in_loop):
+            with in_straight:
+                straight_results = _straight_float_max(builder, vector_at, count, lanes, 4)
+                straight_block = builder.block
+            with in_loop:
+                loop_results = looped()
+                loop_block = builder.block
+        largest, any_nan = _joined(
+            builder, (straight_results, straight_block), (loop_results, loop_block)
+        )
+        rescan = builder.or_(any_nan, builder.fcmp_ordered("==", largest, ir.Constant(scalar, 0.0)))
+        before = builder.block
+        with builder.if_then(builder.not_(rescan)):
+            pointer = _vector_pointer(context, builder, signature.args[3], args[3], args[4], scalar)
+            builder.store(largest, pointer)
+            stored_block = builder.block
+        # the store taken as almost always (llvm.expect's weights): LLVM keeps the branch,
+        # where it could merge the test into a select of what to store (over 7x7 channels
+        # 0.96 of the time of the looped way against 0.75)
+        before.terminator.set_weights([2000, 1])
+        stored = builder.phi(ir.IntType(1))
+        stored.add_incoming(ir.Constant(ir.IntType(1), 1), stored_block)
+        stored.add_incoming(ir.Constant(ir.IntType(1), 0), before)
+        return stored
 
     return signature, codegen
