@@ -269,9 +269,9 @@ def test_global_average_float32_blocks_examples():
 def test_global_average_float32_blocks(dtype, length):
     # Values whose float32 sum depends on the order of the additions: a large value and its
     # negation in one lane or in two, around small ones; zeros of both signs; infinities
-    # and NaN; values near the dtype's largest, whose float32 lanes overflow. Each channel's
-    # values sit at random positions, the rest zeros: lanes, blocks and the masked loads of
-    # the elements past the last whole run of lanes all meet them.
+    # and NaN; values near the dtype's largest, whose float32 lanes overflow; channels of -0
+    # alone. Each channel's values sit at random positions, the rest zeros: lanes, blocks
+    # and the masked loads of the elements past the last whole run of lanes all meet them.
     rng = np.random.default_rng(length)
     big = 2.0 ** (14 if dtype == np.float16 else 30)
     small = big * 2.0**-26  # lost in a float32 sum with big
@@ -295,7 +295,9 @@ def test_global_average_float32_blocks(dtype, length):
     if length >= 34:  # lanes 0 and 32 meet first: big + small, which float32 rounds to big
         channels[0] = 0.0
         channels[0, [0, 32, 1, 33]] = patterns[0]
-    channels = np.concatenate([channels, rng.standard_normal((21, length)) * big / 4])
+    # two channels of -0 alone: every lane and every sum is +0 by the rule
+    zeros = np.full((2, length), -0.0)
+    channels = np.concatenate([channels, zeros, rng.standard_normal((21, length)) * big / 4])
     x = channels.astype(dtype).reshape(2, -1, length)
     with np.errstate(invalid="ignore", over="ignore"):
         means = np.array([_float32_block_mean(c, dtype) for c in x.reshape(len(channels), -1)])
