@@ -306,16 +306,23 @@ def test_a_thread_reads_ahead_from_a_share_of_the_cache():
 
 def test_reading_ahead_is_chosen_by_the_time_each_way_took():
     # the first runs alternate, plain first; each way's first run is not counted; then the
-    # way with the lower median stays, whatever later runs take
-    for ahead_seconds, chosen in ((2.0, False), (0.5, True)):
+    # way with the fastest counted run stays, whatever later runs take: in the last case
+    # the plain runs' median is the slower, their fastest the faster
+    trials = prefetch.AHEAD_TRIALS
+    for plain_seconds, ahead_seconds, chosen in (
+        ([1.0] * trials, [2.0] * trials, False),
+        ([1.0] * trials, [0.5] * trials, True),
+        ([1.0] * (trials - 1) + [0.3], [0.5] * trials, False),
+    ):
         choice = prefetch.AheadChoice()
         ways = []
-        for run in range(2 * (prefetch.AHEAD_TRIALS + 1)):
+        seconds = {False: [5.0, *plain_seconds], True: [0.01, *ahead_seconds]}
+        for _ in range(2 * (trials + 1)):
             ahead = choice.now()
             ways.append(ahead)
             # a first run of reading ahead that would win alone, uncounted
-            choice.record(ahead, (0.01 if run == 1 else ahead_seconds) if ahead else 1.0)
-        assert ways == [False, True] * (prefetch.AHEAD_TRIALS + 1)
+            choice.record(ahead, seconds[ahead].pop(0))
+        assert ways == [False, True] * (trials + 1)
         assert choice.chosen is chosen
         choice.record(not chosen, 1e-9)
         assert choice.now() is chosen
