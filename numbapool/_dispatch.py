@@ -220,13 +220,11 @@ def pool_window(
         p,
         storage_order,
     )
+    # made only for an input of the plan's own dtype, which the key holds
     serial_call = plan.serial_calls.get(return_indices)
-    # the first call decided whether the plan runs serially, before it made serial_call
-    if (
-        serial_call is not None
-        and x.dtype is plan.dtype
-        and (plan.choices.serial or _threads.get_num_threads() == 1)
-    ):
+    if serial_call is None and _threads.get_num_threads() == 1:
+        serial_call = plan.one_thread_calls.get(return_indices)
+    if serial_call is not None:
         return serial_call(x)
     return run_window(plan, x, return_indices)
 
@@ -262,10 +260,9 @@ def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
     if not chunks or threads == 1:
         entry_point.function(0, units, *arguments)
         # made once: an input of another dtype takes this path on every call
-        if x.dtype is plan.dtype and return_indices not in plan.serial_calls:
-            plan.serial_calls[return_indices] = _serial_call(
-                plan, launch, return_indices, entry_point
-            )
+        calls = plan.serial_calls if plan.choices.serial else plan.one_thread_calls
+        if x.dtype is plan.dtype and return_indices not in calls:
+            calls[return_indices] = _serial_call(plan, launch, return_indices, entry_point)
         return (y, indices) if return_indices else y
     guarded = _threads.enter_parallel(threads)
     try:

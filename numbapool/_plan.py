@@ -266,8 +266,13 @@ class WindowPlan:
     @functools.cached_property
     def serial_calls(self) -> dict:
         """The call of this plan on the calling thread alone, prepared once
-        (_dispatch._serial_call), per Indices?: run when the plan runs serially or on one
-        thread."""
+        (_dispatch._serial_call), per Indices?, where the plan runs serially at any thread
+        count: pool_window runs it with no other test."""
+        return {}
+
+    @functools.cached_property
+    def one_thread_calls(self) -> dict:
+        """The same, where the plan runs serially only on one thread."""
         return {}
 
     @functools.cached_property
@@ -279,6 +284,7 @@ class WindowPlan:
         """Drop the launches and choices made so far: the next call decides again."""
         self.launches.clear()
         self.serial_calls.clear()
+        self.one_thread_calls.clear()
         choices = self.choices
         choices.merged = choices.serial = UNDECIDED
 
