@@ -333,20 +333,22 @@ def test_reading_ahead_is_chosen_by_the_time_each_way_took():
 def test_a_global_call_chooses_whether_to_read_ahead_and_keeps_its_bits(op, threads, monkeypatch):
     # where each thread's share is large enough (here every share), a global call's first
     # runs try both ways, timed, then keep one: every run gives the same bits, and the
-    # call then runs through its prepared path with the way chosen
+    # call then runs through its prepared path with the way chosen, here the other way
+    # than the last trial's
     from numbapool import _dispatch
 
     monkeypatch.setattr(prefetch, "SHARE_AHEAD_BYTES", 0)
     ways = []
     record = prefetch.AheadChoice.record
-    monkeypatch.setattr(
-        prefetch.AheadChoice,
-        "record",
-        lambda choice, ahead, seconds: (
-            choice.chosen is None and ways.append(ahead),
-            record(choice, ahead, seconds),
-        ),
-    )
+
+    def recorded(choice, ahead, seconds):
+        if choice.chosen is None:
+            ways.append(ahead)
+        record(choice, ahead, seconds)
+        if choice.chosen is not None and len(ways) == 2 * (prefetch.AHEAD_TRIALS + 1):
+            choice.chosen = not ahead
+
+    monkeypatch.setattr(prefetch.AheadChoice, "record", recorded)
     from numbapool._kernels import parallel
 
     x = np.random.default_rng(11).standard_normal((3, 257, 300)).astype(np.float32)
@@ -363,12 +365,12 @@ def test_a_global_call_chooses_whether_to_read_ahead_and_keeps_its_bits(op, thre
         assert results.pop() == expected.astype(np.float32).tobytes()
     else:
         _check_float(function(x), expected, x.dtype, _global_average_accumulation(x))
-    choice = _dispatch._GLOBAL_CALLS[key].compiled["ahead", threads]
-    assert choice.chosen is not None
+    compiled = _dispatch._GLOBAL_CALLS[key].compiled
+    choice = compiled["ahead", threads]
+    assert choice.chosen is (not ways[-1])
     assert ways.count(True) == ways.count(False) == prefetch.AHEAD_TRIALS + 1
-    if threads > 1:
-        # the prepared path, made once the way is chosen
-        assert threads in _dispatch._GLOBAL_CALLS[key].compiled
+    # the prepared path, made once the way is chosen, reads as chosen
+    assert compiled[threads].reads_ahead is choice.chosen
 
 
 @SETTINGS
