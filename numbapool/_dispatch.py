@@ -475,7 +475,7 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
         if threads == 1:
             compiled[1] = _serial_global(call, way)
         elif guarded is False and pool.available and ("driver", way) in compiled:
-            compiled[threads] = _pooled_global(call, threads, way, serial)
+            compiled[threads] = _pooled_global(call, threads, way, alone_ahead)
     return y
 
 
@@ -525,35 +525,34 @@ def _global_arrays(rows_in, rows_out, storage, bits) -> tuple:
     return rows_in, rows_in.view(bits), rows_out, rows_out.view(bits)
 
 
-def _pooled_global(call: GlobalCall, threads: int, ahead: bool, serial: tuple) -> Callable:
+def _pooled_global(call: GlobalCall, threads: int, ahead: bool, alone_ahead: bool) -> Callable:
     """A global pooling call on ``threads`` threads of numbapool's pool, as run_global
-    makes it, for a C-ordered input of the call's dtype, once its driver is ready
-    (``serial``: the arguments of a run on the calling thread alone, its arrays first).
+    makes it, for a C-ordered input of the call's dtype, once its driver is ready; where
+    the pace says so, on the calling thread alone (_serial_global, reading ahead as
+    ``alone_ahead``).
 
     A repeated call runs only run_global's first lines and these. Each line of Python is
     paid again after a call has streamed its input through the caches: over 12.8 MB of
     float32 on 2 threads, the Python of a call took a tenth to a fifth of its time, and
     the four global cases took 0.92 to 0.97 of the time through this function."""
-    out_shape, dtype, rows, _, _, storage, bits, compiled = call
+    out_shape, dtype, rows, _, _, _, bits, compiled = call
     units = rows[0]
     runs = min(units, _GLOBAL_RUNS_PER_THREAD * threads)
     key = ("driver", ahead)
     address, block = compiled[key][1]
     pace = _pace(compiled, key, threads)
-    entry_function = compiled["entry"].function
-    serial_constants = serial[2 if bits is None else 4 :]
-    frombuffer, u8, no_bytes = np.frombuffer, np.uint8, parallel.NO_BYTES
+    alone = _serial_global(call, alone_ahead)
+    empty, frombuffer, u8, no_bytes = np.empty, np.frombuffer, np.uint8, parallel.NO_BYTES
     run_on_pool = pool.run
     clock = time.perf_counter
 
     def pooled(x):
-        y = np.empty(out_shape, dtype)
         serially = pace.serial_now()
         start = clock()
         if serially:
-            arrays = _global_arrays(x.reshape(rows), y.reshape(units), storage, bits)
-            entry_function(0, units, *arrays, *serial_constants)
+            y = alone(x)
         else:
+            y = empty(out_shape, dtype)
             x_bytes, y_bytes = frombuffer(x, u8), frombuffer(y, u8)
             if bits is None:
                 run_on_pool(

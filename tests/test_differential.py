@@ -305,24 +305,37 @@ def test_a_thread_reads_ahead_from_a_share_of_the_cache():
 
 
 def test_reading_ahead_is_chosen_by_the_time_each_way_took():
-    # the first runs alternate, plain first; each way's first run is not counted; then the
-    # way with the fastest counted run stays, whatever later runs take: in the last case
-    # the plain runs' median is the slower, their fastest the faster
-    trials = prefetch.AHEAD_TRIALS
+    # the trials run in blocks of one way each (prefetch.AHEAD_BLOCKS); a block's first run
+    # is not counted; then the way with the fastest counted run stays, whatever later runs
+    # take. Cases: plain faster; reading ahead faster; plain's median the slower but its
+    # fastest run the faster; every run faster than the one before (a process warming
+    # up) while reading ahead costs 1.3 times as much, which blocks of alternate ways in
+    # turn (plain, ahead, plain, ahead) would hide
+    blocks, runs = prefetch.AHEAD_BLOCKS, prefetch.AHEAD_BLOCK_RUNS
+    expected_ways = [way for way in blocks for _ in range(runs)]
+    counted = 2 * (runs - 1)  # per way
     for plain_seconds, ahead_seconds, chosen in (
-        ([1.0] * trials, [2.0] * trials, False),
-        ([1.0] * trials, [0.5] * trials, True),
-        ([1.0] * (trials - 1) + [0.3], [0.5] * trials, False),
+        ([1.0] * counted, [2.0] * counted, False),
+        ([1.0] * counted, [0.5] * counted, True),
+        ([1.0] * (counted - 1) + [0.3], [0.5] * counted, False),
+        (None, None, False),
     ):
         choice = prefetch.AheadChoice()
         ways = []
-        seconds = {False: [5.0, *plain_seconds], True: [0.01, *ahead_seconds]}
-        for _ in range(2 * (trials + 1)):
+        seconds = {False: list(plain_seconds or []), True: list(ahead_seconds or [])}
+        for run in range(len(expected_ways)):
             ahead = choice.now()
             ways.append(ahead)
-            # a first run of reading ahead that would win alone, uncounted
-            choice.record(ahead, seconds[ahead].pop(0))
-        assert ways == [False, True] * (trials + 1)
+            if plain_seconds is None:
+                taken = (20.0 - run) * (1.3 if ahead else 1.0)
+            elif run % runs == 0:
+                taken = 0.01  # a block's first run, which would win alone: not counted
+            else:
+                taken = seconds[ahead].pop(0)
+            # a run of the other way, from a call that began before the block: not taken
+            choice.record(not ahead, 1e-9)
+            choice.record(ahead, taken)
+        assert ways == expected_ways
         assert choice.chosen is chosen
         choice.record(not chosen, 1e-9)
         assert choice.now() is chosen
@@ -345,7 +358,7 @@ def test_a_global_call_chooses_whether_to_read_ahead_and_keeps_its_bits(op, thre
         if choice.chosen is None:
             ways.append(ahead)
         record(choice, ahead, seconds)
-        if choice.chosen is not None and len(ways) == 2 * (prefetch.AHEAD_TRIALS + 1):
+        if choice.chosen is not None and len(ways) == prefetch.AHEAD_TRIAL_RUNS:
             choice.chosen = not ahead
 
     monkeypatch.setattr(prefetch.AheadChoice, "record", recorded)
@@ -358,7 +371,7 @@ def test_a_global_call_chooses_whether_to_read_ahead_and_keeps_its_bits(op, thre
     with numbapool.threads(threads):
         function(x)
         parallel.wait_for_drivers()  # a run while the driver compiles is not timed
-        results = {function(x).tobytes() for _ in range(4 * (prefetch.AHEAD_TRIALS + 1))}
+        results = {function(x).tobytes() for _ in range(2 * prefetch.AHEAD_TRIAL_RUNS)}
     assert len(results) == 1
     expected = reference.global_pool(op, x)
     if op == "GlobalMaxPool":
@@ -368,7 +381,7 @@ def test_a_global_call_chooses_whether_to_read_ahead_and_keeps_its_bits(op, thre
     compiled = _dispatch._GLOBAL_CALLS[key].compiled
     choice = compiled["ahead", threads]
     assert choice.chosen is (not ways[-1])
-    assert ways.count(True) == ways.count(False) == prefetch.AHEAD_TRIALS + 1
+    assert ways == [way for way in prefetch.AHEAD_BLOCKS for _ in range(prefetch.AHEAD_BLOCK_RUNS)]
     # the prepared path, made once the way is chosen, reads as chosen
     assert compiled[threads].reads_ahead is choice.chosen
 

@@ -111,45 +111,54 @@ def reads_ahead(input_bytes: int, threads: int) -> bool:
     return input_bytes >= threads * SHARE_AHEAD_BYTES
 
 
-# Counted runs of each way before AheadChoice chooses, after an uncounted first of each
-AHEAD_TRIALS = 3
+# AheadChoice's trials: blocks of AHEAD_BLOCK_RUNS runs of one way each, in this order
+# (plain, ahead, ahead, plain), so that the first calls of a process, slower than the
+# later ones, weigh on both ways alike; the first run of a block, which follows the other
+# way's (or the compile), is not counted
+AHEAD_BLOCKS = (False, True, True, False)
+AHEAD_BLOCK_RUNS = 3
+AHEAD_TRIAL_RUNS = len(AHEAD_BLOCKS) * AHEAD_BLOCK_RUNS
 
 
 class AheadChoice:
     """Whether a global pool's calls of one shape and thread count read ahead, where their
     shares are large enough for it to matter (reads_ahead): chosen by the time each way
-    took on this machine, the first calls alternating between them.
+    took on this machine in the first calls, in blocks of each way (AHEAD_BLOCKS).
 
     Whether asking for memory ahead pays depends on the processor's own prefetchers.
     GlobalMaxPool over 7x7 channels on one core, 12.8 MB: on a Zen 3 reading ahead took
-    0.59 to 0.61 of the time; on a Zen 4 1.31x as long (GlobalAveragePool 1.25x), and
-    longer at every size from 3.2 to 51 MB. The first run of each way is not counted (it
-    pays for page faults and cold caches); after AHEAD_TRIALS counted runs of each the
-    way with the fastest run stays: what else runs on the machine only ever adds time, so
-    the fastest run is the nearest to a way's own cost. (By the lower median, a process
-    on this machine chose to read ahead from plain runs of 0.404, 0.316 and 0.258 ms
-    against 0.319, 0.315 and 0.314, and took 1.25x as long from then on.) The results are
-    the same either way, bit for bit."""
+    0.59 to 0.61 of the time; on a Zen 4 1.3x as long, and longer at every size from 3.2
+    to 51 MB. Calls alternating one by one did not show it: there each way took the
+    other's time (0.19 to 0.28 ms both), and one process in three chose to read ahead. The
+    way with the fastest counted run stays: what else runs on the machine only ever adds
+    time, so the fastest run is the nearest to a way's own cost (by the lower median, a
+    process here chose to read ahead from plain runs of 0.404, 0.316 and 0.258 ms against
+    0.319, 0.315 and 0.314). The results are the same either way, bit for bit."""
 
-    __slots__ = ("runs", "chosen")
+    __slots__ = ("runs", "chosen", "trial")
 
     def __init__(self) -> None:
-        self.runs = ([], [])  # seconds of the runs without and with reading ahead
+        self.runs = ([], [])  # seconds of the counted runs without and with reading ahead
         self.chosen: bool | None = None
+        self.trial = 0  # the trials' runs recorded so far
 
     def now(self) -> bool:
-        """Whether the next run reads ahead: the way chosen, or the way with fewer runs."""
+        """Whether the next run reads ahead: the way chosen, or the way of the trials' block."""
         if self.chosen is not None:
             return self.chosen
-        plain, ahead = self.runs
-        return len(ahead) < len(plain)
+        return AHEAD_BLOCKS[self.trial // AHEAD_BLOCK_RUNS]
 
     def record(self, ahead: bool, seconds: float) -> None:
-        """Take a run's time, with or without reading ahead; choose once each way has run
-        AHEAD_TRIALS times after its first."""
+        """Take a run's time, with or without reading ahead; choose after the trials. A run
+        of the other way than the block's (a call on another thread that began before the
+        block did) is not taken."""
         if self.chosen is not None:
             return
-        self.runs[ahead].append(seconds)
-        plain, ahead_runs = self.runs
-        if min(len(plain), len(ahead_runs)) > AHEAD_TRIALS:
-            self.chosen = min(ahead_runs[1:]) < min(plain[1:])
+        block, place = divmod(self.trial, AHEAD_BLOCK_RUNS)
+        if AHEAD_BLOCKS[block] != ahead:
+            return
+        self.trial += 1
+        if place:
+            self.runs[ahead].append(seconds)
+        if self.trial == AHEAD_TRIAL_RUNS:
+            self.chosen = min(self.runs[True]) < min(self.runs[False])
