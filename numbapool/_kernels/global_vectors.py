@@ -4,10 +4,13 @@ GlobalAveragePool's float32 block sums (block_sum, add_to_lanes): their order is
 of docs/semantics.md, lane by lane, which numba's loop would not keep; four vectors of
 float32 lanes side by side, the elements past the last whole run of lanes in loads whose
 lanes past the channel take no part. float32 elements, and float16 and bfloat16 ones as
-codec.py stores them, decoded a vector at a time. GlobalMaxPool's largest of a channel
-(store_float_max, and vector_key_max over the order keys of 16-bit floats) goes the same
-way, but that a channel at least a vector long ends in the vector that ends at its end
-(_fold_last)."""
+codec.py stores them, decoded a vector at a time; a block of at most LANES elements in
+straight code. GlobalMaxPool's largest of a channel (store_float_max, and vector_key_max
+over the order keys of 16-bit floats) goes the same way, but that a channel at least a
+vector long ends in the vector that ends at its end (_fold_last), and that a float32 or
+float64 channel of one to STRAIGHT_VECTORS vectors is read in straight code."""
+
+import functools
 
 from llvmlite import ir
 from numba import types
@@ -192,12 +195,20 @@ def _lane_tree(builder, vectors):
     while len(vectors) > 1:  # h from LANES / 2 down to WIDTH: whole vectors
         half = len(vectors) // 2
         vectors = [builder.fadd(vectors[k], vectors[k + half]) for k in range(half)]
-    vector = vectors[0]
-    half = WIDTH // 2
-    while half:  # then within the vector
-        upper = ir.Constant(_VI32, [(lane + half) % WIDTH for lane in range(WIDTH)])
-        vector = builder.fadd(vector, builder.shuffle_vector(vector, vector, upper))
-        half //= 2
+    return _halved(builder, vectors[0], builder.fadd)  # then within the vector
+
+
+def _halved(builder, vector, combine):
+    """Lane 0 of ``vector`` after lane l is combined with lane l + h (``combine(lane l,
+    lane l + h)``, lane by lane), for h = lanes / 2, ..., 1: each step on the two halves
+    of what the step before left."""
+    width = vector.type.count
+    while width > 1:
+        width //= 2
+        halves = [
+            ir.Constant(ir.VectorType(I32, width), list(range(k, k + width))) for k in (0, width)
+        ]
+        vector = combine(*(builder.shuffle_vector(vector, vector, half) for half in halves))
     return builder.extract_element(vector, ir.Constant(I32, 0))
 
 
@@ -469,17 +480,10 @@ def _straight_float_max(builder, vector_at, count, lanes, alignment):
         [builder.fcmp_unordered("uno", a, b) for a, b in zip(loaded[0::2], loaded[1::2])],
         builder.or_,
     )
-    best = _pairwise(loaded, lambda a, b: _larger(builder, a, b))
-    width = lanes
-    while width > 1:
-        width //= 2
-        halves = [
-            ir.Constant(ir.VectorType(I32, width), list(range(k, k + width))) for k in (0, width)
-        ]
-        best = _larger(builder, *(builder.shuffle_vector(best, best, half) for half in halves))
+    larger = functools.partial(_larger, builder)
     bits = ir.IntType(lanes)
     return (
-        builder.extract_element(best, ir.Constant(I32, 0)),
+        _halved(builder, _pairwise(loaded, larger), larger),
         builder.icmp_unsigned("!=", builder.bitcast(nan, bits), ir.Constant(bits, 0)),
     )
 
