@@ -951,6 +951,8 @@ def test_max_pool_windows_of_zeros(shape, attrs, kernel, zeros, dtype):
     [
         dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4),
         dict(kernel_shape=[4, 4], strides=[2, 2], pads=[1] * 4),
+        # 5 rows: folded in two passes, the -0 in either
+        dict(kernel_shape=[5, 3], strides=[2, 2], pads=[2, 1, 2, 1]),
     ],
 )
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -959,7 +961,9 @@ def test_max_pool_columns_scan_every_column(attrs, dtype):
     a -0 or a NaN: a window's row-major answer is the first maximum of its column. Each
     channel of -1s holds one -0 (or one NaN) and, a row below, in another column, one +0
     (another NaN), so that a window's columns hold both and its row-major answer is the
-    first: at every place, the first and last columns of a unit's span included."""
+    first: at every place, the first and last columns of a unit's span included. Windows 3
+    wide at step 2 tell a -0 by the fold of the rows and a NaN by the outputs
+    (_fold_column_rows, max_vectors.three_wide_step_two), the others by a scan."""
     from numbapool._kernels import columns
 
     height, width = 5, 9

@@ -57,6 +57,33 @@ def float64_bits(typingctx, value):
 
 
 @intrinsic
+def signed_bits(typingctx, value):
+    """A float32's or float64's bits as a signed integer of its width: -0's is the
+    smallest of that width, and no other value's (every other negative value has bits of
+    its magnitude set)."""
+    if value not in (types.float32, types.float64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(value.bitwidth))
+
+    return (types.int32 if value == types.float32 else types.int64)(value), codegen
+
+
+@intrinsic
+def are_negative_zero_bits(typingctx, bits):
+    """Whether signed_bits' integer is a -0's: only its sign bit set."""
+    if bits not in (types.int32, types.int64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        sign_alone = ir.Constant(ir.IntType(bits.bitwidth), 1 << (bits.bitwidth - 1))
+        return builder.icmp_unsigned("==", args[0], sign_alone)
+
+    return types.boolean(bits), codegen
+
+
+@intrinsic
 def float64_from_bits(typingctx, bits):
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.DoubleType())

@@ -24,7 +24,7 @@ from .._plan import (
     AXIS_STRIDE,
 )
 from . import kernel
-from .codec import decode
+from .codec import are_negative_zero_bits, decode, signed_bits
 from .family import Family
 from .max_vectors import (
     row_fold_first,
@@ -47,7 +47,7 @@ def _row_max(kept, value, keep_first):
 
 
 @njit(inline="always")
-def _fold_column_rows(columns, lo, hi, source, row_starts, rows, vector_fold, keep_first):
+def _fold_column_rows(columns, lo, hi, source, row_starts, rows, vector_fold, keep_first, lowest):
     """columns[lo:hi] = the element-wise maximum of ``rows`` input rows (at least one),
     columns[lo] coming from source[row_starts[r]]. Three rows per pass over the columns:
     the first pass takes 1 to 3 rows (a row taken twice changes nothing), so that the
@@ -58,7 +58,12 @@ def _fold_column_rows(columns, lo, hi, source, row_starts, rows, vector_fold, ke
     max_vectors.row_fold_first or row_fold_more: numba's loop vectorizes those dtypes 256
     bytes a pass and leaves a short row's elements to scalar leftovers (MaxPool 3x3 s2 over
     uint8 takes 0.8 of the time this way). float32 and float64 keep numba's loop, whose
-    leftovers are few (through the vector helpers the dilated case was slower)."""
+    leftovers are few (through the vector helpers the dilated case was slower).
+
+    Returns whether the column maxima may hold a -0: numba's loop with ``keep_first``
+    keeps the smallest of their bits as signed integers (signed_bits) as it stores them,
+    one compare a vector, a -0 folded over in a later pass counted too; the other folds
+    return True. ``lowest``: the padding's value (-inf), of the elements' type."""
     base = np.uint64(lo)
     take = (rows - 1) % 3 + 1
     at0 = np.uint64(row_starts[0])
@@ -77,12 +82,16 @@ def _fold_column_rows(columns, lo, hi, source, row_starts, rows, vector_fold, ke
                 np.uint64(row_starts[r + 2]),
                 count,
             )
-        return
+        return True
+    smallest_bits = signed_bits(lowest)  # -inf's: a start that is not -0's
     for i in range(hi - lo):
         k = np.uint64(i)
-        columns[base + k] = _row_max(
+        kept = _row_max(
             _row_max(source[at0 + k], source[at1 + k], keep_first), source[at2 + k], keep_first
         )
+        columns[base + k] = kept
+        if keep_first:
+            smallest_bits = min(smallest_bits, signed_bits(kept))
     for r in range(take, rows, 3):
         at0 = np.uint64(row_starts[r])
         at1 = np.uint64(row_starts[r + 1])
@@ -91,7 +100,11 @@ def _fold_column_rows(columns, lo, hi, source, row_starts, rows, vector_fold, ke
             k = np.uint64(i)
             kept = _row_max(columns[base + k], source[at0 + k], keep_first)
             kept = _row_max(kept, source[at1 + k], keep_first)
-            columns[base + k] = _row_max(kept, source[at2 + k], keep_first)
+            kept = _row_max(kept, source[at2 + k], keep_first)
+            columns[base + k] = kept
+            if keep_first:
+                smallest_bits = min(smallest_bits, signed_bits(kept))
+    return not keep_first or are_negative_zero_bits(smallest_bits)
 
 
 @kernel()  # not inlined: a branch of its own in the inlined fold slowed the 2-D loops 1.2-1.6x
@@ -154,30 +167,6 @@ def _column_windows(columns, target, base, count, width, step, spacing):
         for tap in range(1, width):
             value = nan_max(value, columns[at + np.uint64(tap) * spacing])
         target[base + np.uint64(j)] = value
-
-
-@njit(inline="always")
-def _three_wide_step_two_windows(columns, pairs, evens, target, base, count):
-    """_column_windows for 3 taps at step 2: the maximum of each window's first two taps
-    (a pair of columns) into ``pairs`` and its first tap into ``evens``, then each window
-    from its pair and the next window's first tap, so that every load is of pairs or
-    contiguous. Taken in one loop, the three taps loaded the first one element by element
-    (LLVM took the second and third as a pair, and gathered the first). ``evens`` holds
-    count + 1 elements. Returns whether any window's maximum is_tie, found as it is stored
-    (any_tie's pass after it: the resnet stem 1.03x as long)."""
-    for j in range(count):
-        k = np.uint64(j)
-        first = columns[np.uint64(2) * k]
-        evens[k] = first
-        pairs[k] = nan_max(first, columns[np.uint64(2) * k + np.uint64(1)])
-    evens[np.uint64(count)] = columns[np.uint64(2 * count)]
-    suspect = False
-    for j in range(count):
-        k = np.uint64(j)
-        value = nan_max(pairs[k], evens[k + np.uint64(1)])
-        suspect |= is_tie(decode(value))
-        target[base + k] = value
-    return suspect
 
 
 # inlined by numba, not compiled once as units' helpers are: compiled once, the 5x5
@@ -265,9 +254,6 @@ def column_units(
     columns = empty((block - 1) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last], x.dtype)
     row_starts = empty(lead_count, np.int64)
     column_start = empty(1, np.int64)  # where the scan for a -0 or a NaN starts in columns
-    # scratch of _three_wide_step_two_windows (unused by the other kinds)
-    pairs = empty(block, x.dtype)
-    evens = empty(block + 1, x.dtype)
     starts, positions, nc = first_unit_row(unit_begin, axes, block)
     # fold_planes: the window's taps along the axes before the last two are first folded
     # over whole input planes (one long loop per plane) when a unit's differ from the
@@ -299,6 +285,8 @@ def column_units(
         lo = min(span, max(0, -span_start))  # columns[lo:hi] lie inside the input
         hi = max(lo, min(span, in_last - span_start))
         inside_rows = 0
+        # whether the column maxima may hold a -0 (unknown unless the fold tells)
+        negative_zero = True
         key = new_planes = 0  # the unit's plane, and how many input planes fold into it anew
         # the kinds tested on the literals themselves, so that numba drops the branches a
         # kind does not take
@@ -347,13 +335,16 @@ def column_units(
                     new_planes if into_plane else inside_rows,
                     vector_fold,
                     False,
+                    lowest,
                 )
             # no prefetch of the planes the next output plane steps over: asking for them
             # took the 3-d case 1.06x as long on one core, float64 1.15x, 205 MB 1.14x
             if new_planes:
                 plane_state[0] = key
         else:
-            _fold_column_rows(columns, lo, hi, x, row_starts, inside_rows, vector_fold, True)
+            negative_zero = _fold_column_rows(
+                columns, lo, hi, x, row_starts, inside_rows, vector_fold, True, lowest
+            )
             if prefetching:
                 # the rows the next units read: as many as an output row steps over
                 prefetch_ahead(
@@ -367,15 +358,13 @@ def column_units(
             columns[np.uint64(i)] = lowest
         count = end - first
         out_begin = np.uint64(out_first + first)
-        # 3 taps at step 2 by pairs for float dtypes (check_ties) only: int8 and uint8 ran
-        # 1.1x faster in one loop body. Tested on the literals themselves, so that numba
-        # drops the branch a kind does not take.
-        if window_width == 3 and window_step == 2 and check_ties:
-            suspect = _three_wide_step_two_windows(columns, pairs, evens, y, out_begin, count)
+        # tested on the literals themselves, so that numba drops the branch a kind does not
+        # take
+        if window_width == 3 and window_step == 2:
+            zeros, nans = three_wide_step_two(columns, y, out_begin, np.uint64(count))
+            suspect = zeros or nans
         else:
-            if window_width == 3 and window_step == 2 and vector_fold:  # int8 and uint8
-                three_wide_step_two(columns, y, out_begin, np.uint64(count))
-            elif window_width == 3 and window_step == 1 and dilation != 1:
+            if window_width == 3 and window_step == 1 and dilation != 1:
                 _column_windows(columns, y, out_begin, count, 3, np.uint64(1), np.uint64(dilation))
             elif window_width:
                 _column_windows(
@@ -392,6 +381,8 @@ def column_units(
                 for kw in range(k_last):
                     max_run(columns, np.uint64(kw * dilation), step, y, out_begin, count)
             suspect = check_ties and any_tie(y, out_begin, count)
+            # a NaN output not told apart from a zero: the scan looks for both
+            nans, negative_zero = False, True
         # zeros and NaNs taken again in row-major order, where the windows hold a -0 or
         # a NaN (on the literal first: int8 and uint8 compile no retake). Where they hold
         # neither, every zero of the unit's windows is +0 and the scan returns one of the
@@ -421,10 +412,15 @@ def column_units(
                 # a zero or a NaN, is the first maximum of its column (nothing as large
                 # lies above it). A -0 or a NaN that decides a window is among them, a
                 # third of the elements at three rows (the resnet stem over a ReLU's
-                # outputs 0.88 to 0.91 of the time).
+                # outputs 0.88 to 0.91 of the time). A NaN among them is a NaN output, and
+                # where the fold saw no -0 and no output is a NaN they hold neither: the
+                # scan is skipped (over a ReLU's outputs, the stem took 0.87 of the time).
                 column_start[0] = lo
-                held = rows_hold_negative_zero_or_nan(
-                    columns, column_start, np.uint64(min(inside_rows, 1)), np.uint64(hi - lo)
+                held = nans or (
+                    negative_zero
+                    and rows_hold_negative_zero_or_nan(
+                        columns, column_start, np.uint64(min(inside_rows, 1)), np.uint64(hi - lo)
+                    )
                 )
             if held:
                 for j in range(count):
@@ -444,8 +440,6 @@ def column_units(
         columns,
         row_starts,
         column_start,
-        pairs,
-        evens,
         starts,
         positions,
         plane,

@@ -7,10 +7,12 @@ outputs are taken again in row-major order."""
 
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .vectors import (
     F32,
+    I1,
     I32,
     I64,
     counted_loop,
@@ -125,17 +127,34 @@ def rows_hold_negative_zero_or_nan(typingctx, flat, row_starts, rows, count):
     return types.boolean(flat, row_starts, types.uint64, types.uint64), codegen
 
 
-# A MaxPool row fold's elements (8 and 16 bits: columns.py keeps numba's loop for
-# float32 and float64): numba's type -> (LLVM's element, lanes in a vector, the
-# intrinsics' suffix, how the fold compares them). 16-bit floats 16 to a vector, their
-# values one 512-bit vector of float32 (32 to a vector: MaxPool 3x3 s2 float16 1.1x slower)
+# The elements of MaxPool's vector loops: numba's type -> (LLVM's element, lanes in a
+# vector, the intrinsics' suffix, how they compare). The row folds take 8- and 16-bit
+# elements (columns.py keeps numba's loop for float32 and float64), three_wide_step_two
+# all of them. 16-bit floats 16 to a vector, their values one 512-bit vector of float32
+# (32 to a vector: MaxPool 3x3 s2 float16 1.1x slower)
 _I8, _I16 = ir.IntType(8), ir.IntType(16)
 _FOLDED = {
     types.uint16: (_I16, 16, "v16i16", "float16"),
     types.int16: (_I16, 16, "v16i16", "bfloat16"),
     types.int8: (_I8, 64, "v64i8", "signed"),
     types.uint8: (_I8, 64, "v64i8", "unsigned"),
+    types.float32: (F32, 16, "v16f32", "float"),
+    types.float64: (ir.DoubleType(), 8, "v8f64", "float"),
 }
+_ROW_FOLDED = (types.uint16, types.int16, types.int8, types.uint8)
+
+
+def _values(builder, loaded, compare):
+    """The values of a vector of raw elements, as they compare (codec.py's decoding of
+    16-bit floats, a vector at a time)."""
+    lanes = loaded.type.count
+    floats = ir.VectorType(F32, lanes)
+    if compare == "float16":
+        return builder.fpext(builder.bitcast(loaded, ir.VectorType(ir.HalfType(), lanes)), floats)
+    if compare == "bfloat16":
+        wide = builder.zext(loaded, ir.VectorType(I32, lanes))
+        return builder.bitcast(builder.shl(wide, ir.Constant(wide.type, [16] * lanes)), floats)
+    return loaded
 
 
 def _row_fold(with_columns):
@@ -157,7 +176,7 @@ def _row_fold(with_columns):
             isinstance(columns, types.Array)
             and isinstance(source, types.Array)
             and columns.dtype == source.dtype
-            and columns.dtype in _FOLDED
+            and columns.dtype in _ROW_FOLDED
             and all(isinstance(t, types.Integer) for t in (base, at0, at1, at2, count))
         ):
             return None
@@ -166,7 +185,6 @@ def _row_fold(with_columns):
         )
         element, lanes, suffix, compare = _FOLDED[columns.dtype]
         vector = ir.VectorType(element, lanes)
-        floats = ir.VectorType(F32, lanes)
 
         def codegen(context, builder, sig, args):
             columns_data = context.make_array(sig.args[0])(context, builder, args[0]).data
@@ -176,18 +194,6 @@ def _row_fold(with_columns):
 
             def at(data, start, i):
                 return builder.bitcast(builder.gep(data, [builder.add(start, i)]), pointer)
-
-            def value(loaded):
-                if compare == "float16":
-                    return builder.fpext(
-                        builder.bitcast(loaded, ir.VectorType(ir.HalfType(), lanes)), floats
-                    )
-                if compare == "bfloat16":
-                    wide = builder.zext(loaded, ir.VectorType(I32, lanes))
-                    return builder.bitcast(
-                        builder.shl(wide, ir.Constant(wide.type, [16] * lanes)), floats
-                    )
-                return loaded
 
             def fold(kept, new):  # maxima.keeps: kept >= new, or kept a NaN
                 # (raw elements, their values): the kept value is not decoded again
@@ -204,9 +210,9 @@ def _row_fold(with_columns):
                 rows = [load(at(source_data, start, i)) for start in (at0, at1, at2)]
                 if with_columns:
                     rows.insert(0, load(at(columns_data, base, i)))
-                result = (rows[0], value(rows[0]))
+                result = (rows[0], _values(builder, rows[0], compare))
                 for row in rows[1:]:
-                    result = fold(result, (row, value(row)))
+                    result = fold(result, (row, _values(builder, row, compare)))
                 return result[0]
 
             def vectors(i, offset, n):
@@ -261,41 +267,60 @@ row_fold_more = _row_fold(True)
 @intrinsic
 def three_wide_step_two(typingctx, columns, target, base, count):
     """target[base + j] = the maximum of columns[2j], columns[2j + 1] and columns[2j + 2]
-    for j < count, 8-bit integers (MaxPool's windows 3 wide at step 2 along the rows);
-    ``columns`` holds 2 * count + 1 elements at least.
+    for j < count (MaxPool's windows 3 wide at step 2 along the rows); ``columns`` holds
+    2 * count + 1 elements at least. Returns (whether any of them is a zero, whether any
+    is a NaN): the outputs that maxima.is_tie (never, for 8-bit integers).
 
-    64 outputs a vector: the even and odd elements of 128 columns and the odd ones of the
-    128 from the next, each shuffled out of two vectors. The last outputs are the last whole
-    vector again, ending at ``count`` (overlapping the one before: the same values written
-    twice), or, under one vector's length, in masked loads and a masked store. numba's
-    loop left a row's last outputs to scalar leftovers (MaxPool 3x3 s2 over uint8 takes
-    0.77 of its time this way)."""
+    A float maximum is nan_max's: the windows' largest value, a NaN where one of them is,
+    either zero for +0 and -0; the outputs that is_tie are taken again in row-major order
+    where the columns hold a -0 or a NaN (columns.py).
+
+    A vector of outputs at a time: the even and odd elements of twice as many columns and
+    the odd ones of those one further, each shuffled out of two vectors. The last outputs
+    are the last whole vector again, ending at ``count`` (overlapping the one before: the
+    same values written twice), or, under one vector's length, in narrower vectors and
+    masked loads and a masked store. numba's loop left a row's last outputs to scalar
+    leftovers (MaxPool 3x3 s2 over uint8 takes 0.77 of its time this way), and float32's
+    to vectors of half the width, its 56 outputs a row at the resnet stem."""
     if not (
         isinstance(columns, types.Array)
         and isinstance(target, types.Array)
         and columns.dtype == target.dtype
         and columns.dtype in _FOLDED
-        and _FOLDED[columns.dtype][0] == _I8
         and isinstance(base, types.Integer)
         and isinstance(count, types.Integer)
     ):
         return None
-    signature = types.none(columns, target, types.uint64, types.uint64)
+    signature = types.UniTuple(types.boolean, 2)(columns, target, types.uint64, types.uint64)
     element, lanes, suffix, compare = _FOLDED[columns.dtype]
     vector = ir.VectorType(element, lanes)
+    integers = compare in ("signed", "unsigned")
 
     def codegen(context, builder, sig, args):
         columns_data = context.make_array(sig.args[0])(context, builder, args[0]).data
         target_data = context.make_array(sig.args[1])(context, builder, args[1]).data
         base, count = args[2], args[3]
+        # whether an output is a zero, whether one is a NaN
+        ties = [cgutils.alloca_once_value(builder, ir.Constant(I1, 0)) for _ in range(2)]
 
         def at(data, start, width):
             return builder.bitcast(
                 builder.gep(data, [start]), ir.VectorType(element, width).as_pointer()
             )
 
-        def maximum(a, b):
-            return builder.select(_integer_compare(builder, compare, ">", a, b), a, b)
+        def maximum(a, b):  # (raw elements, their values)
+            (a_raw, a_value), (b_raw, b_value) = a, b
+            if integers:
+                larger = _integer_compare(builder, compare, ">", a_value, b_value)
+            else:  # a where it is larger or a NaN; else b, a NaN where b is one
+                larger = builder.or_(
+                    builder.fcmp_ordered(">", a_value, b_value),
+                    builder.fcmp_unordered("uno", a_value, a_value),
+                )
+            return (
+                builder.select(larger, a_raw, b_raw),
+                builder.select(larger, a_value, b_value),
+            )
 
         def windows(load, j, width):
             evens = ir.Constant(ir.VectorType(I32, width), list(range(0, 2 * width, 2)))
@@ -303,11 +328,36 @@ def three_wide_step_two(typingctx, columns, target, base, count):
             start = builder.shl(j, ir.Constant(I64, 1))  # column of output j's first tap
             first, second = load(start, 0), load(start, width)
             shifted, shifted_second = load(start, 1), load(start, width + 1)
+
+            def taps(raw):
+                return raw, _values(builder, raw, compare)
+
             pair = maximum(
-                builder.shuffle_vector(first, second, evens),
-                builder.shuffle_vector(first, second, odds),
+                taps(builder.shuffle_vector(first, second, evens)),
+                taps(builder.shuffle_vector(first, second, odds)),
             )
-            return maximum(pair, builder.shuffle_vector(shifted, shifted_second, odds))
+            return maximum(pair, taps(builder.shuffle_vector(shifted, shifted_second, odds)))
+
+        def note_ties(value, inside=None):
+            """ties |= whether any lane of ``value`` (``inside`` only) is a zero, a NaN."""
+            if integers:
+                return
+            zero = ir.Constant(value.type, None)
+            found = (
+                builder.fcmp_ordered("==", value, zero),
+                builder.fcmp_unordered("uno", value, zero),
+            )
+            for flag, lanes_found in zip(ties, found):
+                if inside is not None:
+                    lanes_found = builder.and_(lanes_found, inside)
+                vector_type = lanes_found.type
+                any_found = builder.call(
+                    declare(
+                        builder, f"llvm.vector.reduce.or.v{vector_type.count}i1", I1, [vector_type]
+                    ),
+                    [lanes_found],
+                )
+                builder.store(builder.or_(builder.load(flag), any_found), flag)
 
         def store(j, width=lanes):
             def whole_vector(start, offset):
@@ -315,11 +365,9 @@ def three_wide_step_two(typingctx, columns, target, base, count):
                     at(columns_data, builder.add(start, ir.Constant(I64, offset)), width), align=1
                 )
 
-            builder.store(
-                windows(whole_vector, j, width),
-                at(target_data, builder.add(base, j), width),
-                align=1,
-            )
+            raw, value = windows(whole_vector, j, width)
+            builder.store(raw, at(target_data, builder.add(base, j), width), align=1)
+            note_ties(value)
             return []
 
         _, whole = vector_loop(builder, count, lanes, [], lambda j, values: store(j))
@@ -344,15 +392,10 @@ def three_wide_step_two(typingctx, columns, target, base, count):
                     ],
                 )
 
-            builder.call(
-                masked_store,
-                [
-                    windows(masked_vector, zero, lanes),
-                    at(target_data, base, lanes),
-                    alignment,
-                    left_lanes(builder, count, zero, 0, lanes),
-                ],
-            )
+            raw, value = windows(masked_vector, zero, lanes)
+            inside = left_lanes(builder, count, zero, 0, lanes)
+            builder.call(masked_store, [raw, at(target_data, base, lanes), alignment, inside])
+            note_ties(value, inside)
 
         def short(widths=(lanes // 2, lanes // 4)):
             """count < lanes: two overlapping vectors of the widest of ``widths`` that
@@ -371,6 +414,6 @@ def three_wide_step_two(typingctx, columns, target, base, count):
                     short(widths[1:])
 
         _last_vector(builder, count, whole, lanes, store, short)
-        return context.get_dummy_value()
+        return context.make_tuple(builder, sig.return_type, [builder.load(flag) for flag in ties])
 
     return signature, codegen
