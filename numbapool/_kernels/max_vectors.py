@@ -1,7 +1,7 @@
 """MaxPool's loops written as LLVM vector code (vectors.py): the fold of input rows of 8-
 and 16-bit elements (row_fold_first, row_fold_more), whose rows of a hundred elements or
 so numba's loop left mostly to its scalar leftovers, its windows 3 wide at step 2 over
-8-bit elements (three_wide_step_two), and whether rows of elements (a unit's column maxima
+every dtype (three_wide_step_two), and whether rows of elements (a unit's column maxima
 or input rows, a plane) hold a -0 or a NaN (rows_hold_negative_zero_or_nan), before zero
 outputs are taken again in row-major order."""
 
