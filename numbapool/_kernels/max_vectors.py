@@ -157,6 +157,18 @@ def _values(builder, loaded, compare):
     return loaded
 
 
+def _first_maximum(builder, compare, kept, new):
+    """maxima.keeps, a vector at a time: ``kept`` where kept >= new or kept is a NaN, else
+    ``new``; each a pair (raw elements, their values), so that the kept value is not
+    decoded again."""
+    (kept_raw, a), (new_raw, b) = kept, new
+    if compare in ("signed", "unsigned"):
+        keep = _integer_compare(builder, compare, ">=", a, b)
+    else:
+        keep = builder.or_(builder.fcmp_ordered(">=", a, b), builder.fcmp_unordered("uno", a, a))
+    return builder.select(keep, kept_raw, new_raw), builder.select(keep, a, b)
+
+
 def _row_fold(with_columns):
     """An intrinsic ``(columns, base, source, at0, at1, at2, count)``: for k < count,
     columns[base + k] = the first maximum (maxima.fold_max: ties keep the first, the first
@@ -195,24 +207,15 @@ def _row_fold(with_columns):
             def at(data, start, i):
                 return builder.bitcast(builder.gep(data, [builder.add(start, i)]), pointer)
 
-            def fold(kept, new):  # maxima.keeps: kept >= new, or kept a NaN
-                # (raw elements, their values): the kept value is not decoded again
-                (kept_raw, a), (new_raw, b) = kept, new
-                if compare in ("signed", "unsigned"):
-                    keep = _integer_compare(builder, compare, ">=", a, b)
-                else:
-                    keep = builder.or_(
-                        builder.fcmp_ordered(">=", a, b), builder.fcmp_unordered("uno", a, a)
-                    )
-                return builder.select(keep, kept_raw, new_raw), builder.select(keep, a, b)
-
             def folded(load, i):
                 rows = [load(at(source_data, start, i)) for start in (at0, at1, at2)]
                 if with_columns:
                     rows.insert(0, load(at(columns_data, base, i)))
                 result = (rows[0], _values(builder, rows[0], compare))
                 for row in rows[1:]:
-                    result = fold(result, (row, _values(builder, row, compare)))
+                    result = _first_maximum(
+                        builder, compare, result, (row, _values(builder, row, compare))
+                    )
                 return result[0]
 
             def vectors(i, offset, n):
@@ -271,9 +274,10 @@ def three_wide_step_two(typingctx, columns, target, base, count):
     2 * count + 1 elements at least. Returns (whether any of them is a zero, whether any
     is a NaN): the outputs that maxima.is_tie (never, for 8-bit integers).
 
-    A float maximum is nan_max's: the windows' largest value, a NaN where one of them is,
-    either zero for +0 and -0; the outputs that is_tie are taken again in row-major order
-    where the columns hold a -0 or a NaN (columns.py).
+    The maximum is the row folds' (_first_maximum): the windows' largest value, a NaN
+    where one of them is; which zero and which NaN it keeps does not matter, since the
+    outputs that is_tie are taken again in row-major order where the columns hold a -0 or
+    a NaN (columns.py).
 
     A vector of outputs at a time: the even and odd elements of twice as many columns and
     the odd ones of those one further, each shuffled out of two vectors. The last outputs
@@ -308,20 +312,6 @@ def three_wide_step_two(typingctx, columns, target, base, count):
                 builder.gep(data, [start]), ir.VectorType(element, width).as_pointer()
             )
 
-        def maximum(a, b):  # (raw elements, their values)
-            (a_raw, a_value), (b_raw, b_value) = a, b
-            if integers:
-                larger = _integer_compare(builder, compare, ">", a_value, b_value)
-            else:  # a where it is larger or a NaN; else b, a NaN where b is one
-                larger = builder.or_(
-                    builder.fcmp_ordered(">", a_value, b_value),
-                    builder.fcmp_unordered("uno", a_value, a_value),
-                )
-            return (
-                builder.select(larger, a_raw, b_raw),
-                builder.select(larger, a_value, b_value),
-            )
-
         def windows(load, j, width):
             evens = ir.Constant(ir.VectorType(I32, width), list(range(0, 2 * width, 2)))
             odds = ir.Constant(ir.VectorType(I32, width), list(range(1, 2 * width, 2)))
@@ -332,11 +322,15 @@ def three_wide_step_two(typingctx, columns, target, base, count):
             def taps(raw):
                 return raw, _values(builder, raw, compare)
 
-            pair = maximum(
+            pair = _first_maximum(
+                builder,
+                compare,
                 taps(builder.shuffle_vector(first, second, evens)),
                 taps(builder.shuffle_vector(first, second, odds)),
             )
-            return maximum(pair, taps(builder.shuffle_vector(shifted, shifted_second, odds)))
+            return _first_maximum(
+                builder, compare, pair, taps(builder.shuffle_vector(shifted, shifted_second, odds))
+            )
 
         def note_ties(value, inside=None):
             """ties |= whether any lane of ``value`` (``inside`` only) is a zero, a NaN."""
