@@ -141,7 +141,7 @@ _FOLDED = {
     types.float32: (F32, 16, "v16f32", "float"),
     types.float64: (ir.DoubleType(), 8, "v8f64", "float"),
 }
-_ROW_FOLDED = (types.uint16, types.int16, types.int8, types.uint8)
+_ROW_FOLDED = tuple(t for t, (*_, compare) in _FOLDED.items() if compare != "float")
 
 
 def _values(builder, loaded, compare):
