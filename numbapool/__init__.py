@@ -281,7 +281,7 @@ def plan(
     """
     if op not in ("MaxPool", "AveragePool", "LpPool"):
         raise ValueError(f"plan: op must be 'MaxPool', 'AveragePool' or 'LpPool', got {op!r}")
-    return _plan.window_plan(op, tuple(shape), np.dtype(dtype), kernel_shape, **attributes)
+    return _dispatch.window_plan(op, tuple(shape), np.dtype(dtype), kernel_shape, **attributes)
 
 
 _GLOBAL_DOC = """ONNX {op}: the {what} of each channel over all spatial axes.

@@ -1,8 +1,8 @@
 """Attribute normalization: the one place where shapes, pads and windows are computed.
 
 Pure Python and NumPy, no numba. A public call turns its ONNX attributes into a frozen,
-hashable :class:`WindowPlan` (or :class:`UnpoolPlan`); plans are cached by their arguments,
-so a repeated call with the same shape, dtype and attributes normalizes once. The kernels
+hashable :class:`WindowPlan` (or :class:`UnpoolPlan`); plans are cached by their arguments
+(_dispatch.pool_window), so a repeated call with the same shape, dtype and attributes normalizes once. The kernels
 receive the plan's geometry as run-time integer arrays and compute nothing but the pooling.
 
 Per spatial axis, with the window extent ``k_eff = (k - 1) * d + 1`` (docs/semantics.md):
@@ -168,6 +168,33 @@ class WindowPlan:
         """The window geometry as int64 arrays, as the kernels take them
         (``window_geometry``)."""
         return self.window_geometry(self.given_divisor_counts)
+
+    @functools.cached_property
+    def rows_geometry(self) -> dict:
+        """The geometry a 2-D row kernel takes (wide.py, indexed.py): a 1-D window's as the
+        2-D window of height 1 over the same elements, whose outputs and Indices are the
+        same, in the same order (an axis of length 1 changes no flat index, in either
+        storage order), its divisor counts along the row the plan's own (a region's are the
+        whole call's: region_plan)."""
+        if len(self.kernel_shape) == 2:
+            return self.geometry
+        rows = resolve_window_plan(
+            self.op,
+            (*self.in_shape[:2], 1, *self.in_shape[2:]),
+            self.dtype,
+            (1, *self.kernel_shape),
+            (1, *self.strides),
+            (0, *self.pads_begin, 0, *self.pads_end),
+            "NOTSET",
+            self.ceil_mode,
+            None,
+            self.count_include_pad,
+            self.p,
+            self.storage_order,
+        )
+        return rows.window_geometry(
+            np.concatenate([rows.geometry["divisor_counts"][:1], self.geometry["divisor_counts"]])
+        )
 
     def window_geometry(self, divisor_counts: np.ndarray | None = None) -> dict:
         """The window geometry as int64 arrays, as the kernels take them; the divisor counts
@@ -377,60 +404,7 @@ def same_pads(size: int, k_eff: int, stride: int, auto_pad: str) -> tuple:
     return (small, large) if auto_pad == "SAME_UPPER" else (large, small)
 
 
-def window_plan(
-    op: str,
-    shape: tuple,
-    dtype: np.dtype,
-    kernel_shape,
-    strides=None,
-    pads=None,
-    auto_pad="NOTSET",
-    ceil_mode=0,
-    dilations=None,
-    count_include_pad=0,
-    p=2,
-    storage_order=0,
-) -> WindowPlan:
-    """Validate and resolve one windowed pooling call; cached when the arguments hash.
-
-    ``shape`` is a tuple. This runs on every call, and a small call's time is mostly the
-    key's: the sequences frozen only where given, one flat key. The scalars' types join
-    it, since True == 1 == 1.0 and a float flag must not find a valid call's plan.
-    (functools.lru_cache(typed=True) types every argument: 0.3 us more a call, the whole
-    time of the kernel on a small input.)"""
-    key = (
-        op,
-        shape,
-        dtype,
-        _freeze(kernel_shape),
-        None if strides is None else _freeze(strides),
-        None if pads is None else _freeze(pads),
-        auto_pad,
-        ceil_mode,
-        None if dilations is None else _freeze(dilations),
-        count_include_pad,
-        p,
-        storage_order,
-        type(ceil_mode),
-        type(count_include_pad),
-        type(p),
-        type(storage_order),
-    )
-    try:
-        return _WINDOW_PLANS[key]
-    except KeyError:
-        plan = _window_plan(*key[:12])
-        if len(_WINDOW_PLANS) >= _WINDOW_PLANS_KEPT:
-            _WINDOW_PLANS.clear()
-        _WINDOW_PLANS[key] = plan
-        return plan
-    except TypeError as error:
-        if "unhashable" not in str(error):
-            raise
-        return _window_plan(*key[:12])
-
-
-def _freeze(value):
+def freeze_ints(value):
     """Integer sequences as tuples, so that they can key the plan cache.
 
     Anything else stays as it is: a list that still holds non-integers is unhashable and
@@ -473,7 +447,7 @@ def check_kernel_rank(op: str, shape: tuple, kernel_shape, rank: int) -> None:
         )
 
 
-def _window_plan(
+def resolve_window_plan(
     op,
     shape,
     dtype,
@@ -487,6 +461,8 @@ def _window_plan(
     p,
     storage_order,
 ) -> WindowPlan:
+    """Validate and resolve one windowed pooling call, every argument given; uncached
+    (_dispatch.window_plan keeps the plans of the calls made)."""
     allowed = MAX_POOL_DTYPES if op == "MaxPool" else FLOAT_DTYPES
     dtype = check_dtype(op, np.dtype(dtype), allowed)
     rank = check_rank(op, shape)
@@ -543,11 +519,6 @@ def _window_plan(
     )
 
 
-# window_plan's plans by their arguments; emptied when full
-_WINDOW_PLANS: dict = {}
-_WINDOW_PLANS_KEPT = 1024
-
-
 def region_plan(
     plan: WindowPlan, region_shape: tuple, pads: tuple, first_outputs: tuple
 ) -> WindowPlan:
@@ -555,7 +526,7 @@ def region_plan(
     ``first_outputs`` on (numbapool.dask): ``pads`` reach the region's first and last window
     ends, and the divisor counts are ``plan``'s, so that padding added at a region's edge
     never counts where the whole call's padding would not."""
-    region = _window_plan(
+    region = resolve_window_plan(
         plan.op,
         tuple(region_shape),
         plan.dtype,
@@ -600,7 +571,7 @@ def channels_merged_plan(plan: WindowPlan) -> WindowPlan:
         *plan.in_shape[2 + merged :],
     )
     pads = (*plan.pads_begin[merged:], *plan.pads_end[merged:])
-    inner = _window_plan(
+    inner = resolve_window_plan(
         plan.op,
         shape,
         plan.dtype,

@@ -153,7 +153,7 @@ def _windowed(
 ):
     x = _as_dask(x)
     threads = _checked_threads(threads)
-    plan = _plan.window_plan(
+    plan = _dispatch.window_plan(
         op, x.shape, x.dtype, kernel_shape, strides, pads, auto_pad, ceil_mode, dilations, **extra
     )
     rank = len(plan.kernel_shape)

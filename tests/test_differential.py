@@ -529,7 +529,7 @@ def test_leading_single_tap_axes_take_the_kernels_of_fewer_axes():
     from numbapool import _dispatch, _plan
 
     def plan(shape, kernel, strides, pads, storage_order=0):
-        return _plan.window_plan(
+        return _dispatch.window_plan(
             "MaxPool",
             shape,
             np.dtype(np.float32),

@@ -177,3 +177,11 @@ def test_invalid_values_are_rejected_even_after_a_valid_call_is_cached():
         numbapool.max_pool(X, [2.0, 2], ceil_mode=1)
     with pytest.raises(ValueError, match="ceil_mode"):
         numbapool.max_pool(X, [2, 2], ceil_mode=1.0)
+    # the lists of the common call, kernel shape and strides, are checked in one loop
+    numbapool.max_pool(X, [2, 2], strides=[1, 1])
+    with pytest.raises(TypeError, match="strides"):
+        numbapool.max_pool(X, [2, 2], strides=[1, 1.0])
+    with pytest.raises(TypeError, match="strides"):
+        numbapool.max_pool(X, [2, 2], strides=[True, 1])
+    with pytest.raises(TypeError, match="kernel_shape"):
+        numbapool.max_pool(X, [2, True], strides=[1, 1])

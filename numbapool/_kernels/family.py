@@ -18,7 +18,7 @@ import numpy as np
 from numba import types
 
 from .. import _numba
-from .._plan import BFLOAT16, WindowPlan, window_plan
+from .._plan import BFLOAT16, WindowPlan, resolve_window_plan
 from .entry import EntryPoint
 
 # 16-bit floats reach numba as their bit patterns (codec.py)
@@ -59,31 +59,6 @@ def sum_zero(plan: WindowPlan):
     if plan.op == "LpPool" or plan.dtype == np.dtype(np.float64):
         return np.float64(0)
     return np.float32(0)
-
-
-def rows_geometry(plan: WindowPlan) -> dict:
-    """The geometry a 2-D row kernel takes (wide.py, indexed.py): a 1-D window's as the 2-D
-    window of height 1 over the same elements, whose outputs and Indices are the same, in
-    the same order (an axis of length 1 changes no flat index, in either storage order),
-    its divisor counts along the row the plan's own (a region's are the whole call's:
-    _plan.region_plan)."""
-    if len(plan.kernel_shape) == 2:
-        return plan.geometry
-    rows = window_plan(
-        plan.op,
-        (*plan.in_shape[:2], 1, *plan.in_shape[2:]),
-        plan.dtype,
-        (1, *plan.kernel_shape),
-        strides=(1, *plan.strides),
-        pads=(0, *plan.pads_begin, 0, *plan.pads_end),
-        ceil_mode=plan.ceil_mode,
-        count_include_pad=plan.count_include_pad,
-        p=plan.p,
-        storage_order=plan.storage_order,
-    )
-    return rows.window_geometry(
-        np.concatenate([rows.geometry["divisor_counts"][:1], plan.geometry["divisor_counts"]])
-    )
 
 
 class Split(NamedTuple):
@@ -154,9 +129,9 @@ ARGUMENTS: dict[str, Callable] = {
             "divisor_counts",
         )
     },
-    # the 2-D row kernels' geometry (rows_geometry)
+    # the 2-D row kernels' geometry (WindowPlan.rows_geometry)
     **{
-        f"row_{name}": (lambda request, name=name: rows_geometry(request.plan)[name])
+        f"row_{name}": (lambda request, name=name: request.plan.rows_geometry[name])
         for name in ("axes", "tap_outputs", "divisor_counts")
     },
     # GlobalMaxPool's constants over the bits as signed integers
@@ -240,7 +215,9 @@ class Family(NamedTuple):
         if op.startswith("Global"):
             request = GlobalRequest(op, dtype)
         else:
-            plan = window_plan(op, (1, 1, 1, 1), dtype, (1, 1))
+            plan = resolve_window_plan(
+                op, (1, 1, 1, 1), dtype, (1, 1), None, None, "NOTSET", 0, None, 0, 2, 0
+            )
             request = WindowRequest(plan, Split(1, 1, 0, 1))
         return tuple(ARRAYS[name](dtype) for name in self.arrays) + tuple(
             _numba.argument_type(self.entry, value) for value in self.argument_values(request)
@@ -249,6 +226,6 @@ class Family(NamedTuple):
 
 def row_window(plan: WindowPlan, steps) -> bool:
     """Whether a 2-D row kernel (wide.py, indexed.py) can serve the window: 1-D (as the
-    2-D window of height 1, rows_geometry) or 2-D, no dilation, a stride along the rows
+    2-D window of height 1, WindowPlan.rows_geometry) or 2-D, no dilation, a stride along the rows
     among ``steps``."""
     return len(plan.kernel_shape) <= 2 and set(plan.dilations) == {1} and plan.strides[-1] in steps

@@ -1,7 +1,7 @@
 """MaxPool with Indices over 2-D windows, each input row copied once, split by parity.
 
 It serves windows over one axis (as 2-D windows of height 1:
-family.rows_geometry) or two, with no dilation and a step of 1 or 2 along the rows,
+WindowPlan.rows_geometry) or two, with no dilation and a step of 1 or 2 along the rows,
 when the units are whole output rows. The generic kernel (maxima.py) takes a tap's run of
 elements at a step of 2 straight from the input, which LLVM gathers one element at a time,
 and keeps the winning taps as int64. Here each input row is first copied into a scratch

@@ -2,7 +2,7 @@
 
 It serves 2-D windows with no dilation and a step in COLUMN_STEPS along
 the rows, but the fixed 2x2 ones, and for windows over one axis at a step of 2, or of 4
-when they are at least 4 wide (as 2-D windows of height 1: family.rows_geometry),
+when they are at least 4 wide (as 2-D windows of height 1: WindowPlan.rows_geometry),
 when the units are whole output rows:
 AveragePool's but those 3 taps wide along the rows (the generic kernel's one loop body
 for three taps is faster there), and LpPool's with p = 2, the common norm (each other
