@@ -213,6 +213,17 @@ _MOST_DOUBLINGS = 4
 # 32 calls and early probes after a change back: GlobalMaxPool over 32x2048x7x7 on 2
 # threads 0.94 of the time, 632 calls of 6009 on the calling thread against 1924 of 5360
 _EARLY_HALVINGS = 5
+# Where the calling thread is chosen, the threads run at the latest once its runs since
+# they last ran add up to this many seconds, however many calls that is: probing then
+# costs about a hundredth of a launch's time beside a busy core (a parallel run there
+# about 1 ms, above), and a launch that a passing load sent to the calling thread, whose
+# probes lost while it lasted, gets its threads back within a tenth of a second of calls
+# once it has passed. Counted in calls alone, the interval reached PROBE_EVERY * 16 calls
+# times the lead: LpPool 3x3 on 2 threads, after 30 s beside a busy core, ran on the
+# calling thread for another 2.3 s of calls, and in the bench's blocks of 40 ms for the
+# rest of its rounds. (Where the threads are chosen, a load that comes shows at once in
+# their drift; probing the calling thread as often cost a quiet machine 1.3% of the time.)
+_PROBE_SECONDS = 0.1
 # The way not chosen runs at once when the chosen way's time has risen by this factor,
 # and past half its lead, since the other last ran: the load has changed
 _DRIFT = 1.125
@@ -238,8 +249,9 @@ class Pace:
     time over its own, less one), so that probing costs about 1/PROBE_EVERY of the
     launch's time however wide the lead; the interval doubles with each such run that
     loses (_MOST_DOUBLINGS), starting from a thirty-second of it after the choice changes
-    to the calling thread (_EARLY_HALVINGS). It also runs at once when the chosen way has
-    slowed (_DRIFT). A run of the other way faster than the chosen way's time is followed
+    to the calling thread (_EARLY_HALVINGS), and ends at the latest when the chosen way's
+    runs have taken _PROBE_SECONDS. It also runs at once when the chosen way has slowed
+    (_DRIFT). A run of the other way faster than the chosen way's time is followed
     by another, so that a change of load moves the choice within a few calls. The results
     are the same either way, bit for bit."""
 
@@ -254,6 +266,7 @@ class Pace:
         "misses",
         "last",
         "again",
+        "spent",
     )
 
     def __init__(self, threads: int) -> None:
@@ -271,6 +284,7 @@ class Pace:
         self.misses = 0
         self.last = False  # the way of the last run: serial or not
         self.again = None  # the way the next call runs, after an uncounted run
+        self.spent = 0.0  # seconds of the chosen way's runs since the other way last ran
 
     def serial_now(self) -> bool:
         """Whether this call runs on the calling thread alone."""
@@ -287,11 +301,18 @@ class Pace:
         if again is not None:
             self.again = None
             return again
-        return (serial < parallel) != (calls >= self.due)
+        if serial < parallel:  # the calling thread chosen
+            return calls < self.due and self.spent < _PROBE_SECONDS
+        return calls >= self.due
 
     def record(self, serial: bool, seconds: float) -> None:
         """Take a run's time, ``serial`` or parallel, into that way's, and set when the
         way not chosen runs next."""
+        medians = self.medians
+        if serial == (medians[1] < medians[0]):
+            self.spent += seconds
+        else:
+            self.spent = 0.0
         if serial != self.last:  # the first run after a change of way
             self.last = serial
             if self.times[serial]:  # not the first of its way: not counted
@@ -299,7 +320,6 @@ class Pace:
                 return
         if serial:
             seconds *= _SERIAL_WEIGHT
-        medians = self.medians
         serial_chosen = medians[1] < medians[0]
         chosen = medians[serial_chosen]
         times = self.times[serial]
@@ -323,6 +343,7 @@ class Pace:
             # comes back shows in the threads' drift (below)
             self.misses = 0 if serial_chosen else -_EARLY_HALVINGS
             self.due = self._probe_after(calls)
+            self.spent = 0.0
         elif serial == serial_chosen:
             if medians[serial] > max(_DRIFT * self.mark, (self.mark + medians[not serial]) / 2):
                 self.due = calls + 1

@@ -376,6 +376,31 @@ def _stretches(ways: list) -> list:
     return [(way, len(list(calls))) for way, calls in itertools.groupby(ways)]
 
 
+def test_the_threads_are_probed_once_the_calling_threads_runs_add_up_to_a_tenth_second():
+    # however many calls that is: a load that lasted long enough for the probes' interval
+    # to grow to its longest (PROBE_EVERY * 16 calls) no longer keeps a launch on the
+    # calling thread for that many calls once it has passed
+    from numbapool import _threads
+
+    every = _threads.PROBE_EVERY
+    serial = _threads.PACE_LIMIT / 2 / 10  # 1 ms, paced on 2 threads
+    quiet, busy = serial / 2, 3 * serial
+    pace = _threads.Pace(2)
+    _paced_calls(pace, 40, quiet, serial)
+    loaded = _paced_calls(pace, 40 * every, busy, serial)
+    # under the load, the threads ran once the calling thread's runs since their last had
+    # taken _PROBE_SECONDS: two runs (the first not counted) per that many serial calls
+    between = round(_threads._PROBE_SECONDS / serial)
+    probes = _stretches(loaded[loaded.index(True) :])
+    assert all(way or calls == 2 for way, calls in probes)
+    assert all(calls <= between for way, calls in probes if way)
+    assert loaded.count(False) <= 2 * len(loaded) / between + 10
+    # the load passes: the threads take the calls back within that many calls
+    ways = _paced_calls(pace, 4 * between, quiet, serial)
+    assert ways.index(False) <= between
+    assert ways[-between:].count(True) <= 2  # a probe of the calling thread at most
+
+
 def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
     # _threads.Pace, fed times rather than timed: parallel runs first, then serial ones,
     # then the faster by the median of its last runs (one slow run does not decide), and
@@ -385,7 +410,9 @@ def test_a_launch_runs_the_way_that_has_been_faster_and_probes_the_other():
     from numbapool import _threads
 
     every = _threads.PROBE_EVERY
-    short = _threads.PACE_LIMIT / 2 / 10  # on 2 threads
+    # runs short enough that the calling thread's runs between probes here stay under
+    # _PROBE_SECONDS (the next test)
+    short = _threads._PROBE_SECONDS / (16 * every)
     # a serial run counts at _SERIAL_WEIGHT of its time: these serial runs count as short
     serial = short / _threads._SERIAL_WEIGHT
     pace = _threads.Pace(2)
