@@ -249,9 +249,9 @@ class Pace:
     time over its own, less one), so that probing costs about 1/PROBE_EVERY of the
     launch's time however wide the lead; the interval doubles with each such run that
     loses (_MOST_DOUBLINGS), starting from a thirty-second of it after the choice changes
-    to the calling thread (_EARLY_HALVINGS), and ends at the latest when the chosen way's
-    runs have taken _PROBE_SECONDS. It also runs at once when the chosen way has slowed
-    (_DRIFT). A run of the other way faster than the chosen way's time is followed
+    to the calling thread (_EARLY_HALVINGS), and there ends at the latest when the calling
+    thread's runs have taken _PROBE_SECONDS. It also runs at once when the chosen way has
+    slowed (_DRIFT). A run of the other way faster than the chosen way's time is followed
     by another, so that a change of load moves the choice within a few calls. The results
     are the same either way, bit for bit."""
 
