@@ -278,10 +278,12 @@ def test_global_max_at_every_place(dtype, reads_ahead, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_global_average_reading_ahead_keeps_its_bits(dtype, monkeypatch):
+@pytest.mark.parametrize("shape", [(2, 300, 7, 7), (2, 20, 50, 50)])
+def test_global_average_reading_ahead_keeps_its_bits(dtype, shape, monkeypatch):
     # a thread that reads ahead (prefetch.reads_ahead, here on every call) sums the same
-    # terms in the same order: the same bits as without, and the reference's value
-    x = np.random.default_rng(7).standard_normal((2, 300, 7, 7)).astype(dtype)
+    # terms in the same order: the same bits as without, and the reference's value, over
+    # short channels (the next channels asked for) and long ones (a line past each block)
+    x = np.random.default_rng(7).standard_normal(shape).astype(dtype)
     expected = numbapool.global_average_pool(x)
     monkeypatch.setattr(prefetch, "SHARE_AHEAD_BYTES", 0)
     monkeypatch.setattr(prefetch.AheadChoice, "now", lambda choice: True)
