@@ -306,13 +306,14 @@ def test_a_thread_reads_ahead_from_a_share_of_the_cache():
     assert prefetch.reads_ahead(2 * share, 2) and not prefetch.reads_ahead(2 * share - 1, 2)
 
 
-def test_reading_ahead_is_chosen_by_the_time_each_way_took():
+def test_reading_ahead_is_chosen_by_the_time_each_way_took(monkeypatch):
     # the trials run in blocks of one way each (prefetch.AHEAD_BLOCKS); a block's first run
     # is not counted; then the way with the fastest counted run stays, whatever later runs
     # take. Cases: plain faster; reading ahead faster; plain's median the slower but its
     # fastest run the faster; every run faster than the one before (a process warming
     # up) while reading ahead costs 1.3 times as much, which blocks of alternate ways in
-    # turn (plain, ahead, plain, ahead) would hide
+    # turn (plain, ahead, plain, ahead) would hide. No warm-up here (the next test)
+    monkeypatch.setattr(prefetch, "AHEAD_WARMUP_SECONDS", 0.0)
     blocks, runs = prefetch.AHEAD_BLOCKS, prefetch.AHEAD_BLOCK_RUNS
     expected_ways = [way for way in blocks for _ in range(runs)]
     counted = 2 * (runs - 1)  # per way
@@ -343,6 +344,32 @@ def test_reading_ahead_is_chosen_by_the_time_each_way_took():
         assert choice.now() is chosen
 
 
+def _warming_choice(warmup: float) -> bool:
+    """The way an AheadChoice with ``warmup`` seconds of warm-up chooses where a shape's
+    first 9 runs take 4 ms and every later one 1 ms plain, 0.9 ms reading ahead."""
+    choice = prefetch.AheadChoice()
+    for run in range(200):
+        if choice.chosen is not None:
+            break
+        ahead = choice.now()
+        cold = run < 9
+        choice.record(ahead, (4e-3 if cold else 1e-3) * (0.9 if ahead else 1.0))
+    assert choice.chosen is not None
+    assert choice.warmed >= warmup
+    return choice.chosen
+
+
+def test_reading_ahead_is_chosen_after_the_first_runs_have_warmed_up(monkeypatch):
+    # the first runs of a shape are slow (here the first 9): they run plain, and the trials
+    # start once those runs have taken AHEAD_WARMUP_SECONDS (here 20 ms, past 5 of them),
+    # so that the blocks reading ahead are timed warm, as the last plain block is. With no
+    # warm-up the blocks reading ahead are all cold and plain is chosen
+    assert prefetch.AHEAD_WARMUP_SECONDS == 0.02
+    assert _warming_choice(0.02) is True
+    monkeypatch.setattr(prefetch, "AHEAD_WARMUP_SECONDS", 0.0)
+    assert _warming_choice(0.0) is False
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("op", ["GlobalMaxPool", "GlobalAveragePool"])
 def test_a_global_call_chooses_whether_to_read_ahead_and_keeps_its_bits(op, threads, monkeypatch):
@@ -353,6 +380,7 @@ def test_a_global_call_chooses_whether_to_read_ahead_and_keeps_its_bits(op, thre
     from numbapool import _dispatch
 
     monkeypatch.setattr(prefetch, "SHARE_AHEAD_BYTES", 0)
+    monkeypatch.setattr(prefetch, "AHEAD_WARMUP_SECONDS", 0.0)  # the trials from the first run
     ways = []
     record = prefetch.AheadChoice.record
 

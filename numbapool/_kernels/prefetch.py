@@ -118,12 +118,21 @@ def reads_ahead(input_bytes: int, threads: int) -> bool:
 AHEAD_BLOCKS = (False, True, True, False)
 AHEAD_BLOCK_RUNS = 3
 AHEAD_TRIAL_RUNS = len(AHEAD_BLOCKS) * AHEAD_BLOCK_RUNS
+# The trials start once a call shape's runs, plain until then, add up to this many seconds.
+# A shape's first runs are slower, and unevenly (pages faulted in, caches warming, another
+# library's threads spinning on after its own calls): in the bench's first blocks the
+# plain trial runs over 12.8 MB took 0.4 to 1.2 ms against 0.15 steady, and the runs of
+# the blocks reading ahead, still warming, 0.18 to 0.7; GlobalAveragePool over 7x7
+# channels chose to read ahead in a run on a loaded machine, which on this Zen 4 takes
+# 1.3x as long.
+AHEAD_WARMUP_SECONDS = 0.02
 
 
 class AheadChoice:
     """Whether a global pool's calls of one shape and thread count read ahead, where their
     shares are large enough for it to matter (reads_ahead): chosen by the time each way
-    took on this machine in the first calls, in blocks of each way (AHEAD_BLOCKS).
+    took on this machine in its first calls after a warm-up (AHEAD_WARMUP_SECONDS), in
+    blocks of each way (AHEAD_BLOCKS).
 
     Whether asking for memory ahead pays depends on the processor's own prefetchers.
     GlobalMaxPool over 7x7 channels on one core, 12.8 MB: on a Zen 3 reading ahead took
@@ -135,17 +144,21 @@ class AheadChoice:
     process here chose to read ahead from plain runs of 0.404, 0.316 and 0.258 ms against
     0.319, 0.315 and 0.314). The results are the same either way, bit for bit."""
 
-    __slots__ = ("runs", "chosen", "trial")
+    __slots__ = ("runs", "chosen", "trial", "warmed")
 
     def __init__(self) -> None:
         self.runs = ([], [])  # seconds of the counted runs without and with reading ahead
         self.chosen: bool | None = None
         self.trial = 0  # the trials' runs recorded so far
+        self.warmed = 0.0  # seconds of the plain runs before the trials
 
     def now(self) -> bool:
-        """Whether the next run reads ahead: the way chosen, or the way of the trials' block."""
+        """Whether the next run reads ahead: the way chosen, else plain while warming up,
+        else the way of the trials' block."""
         if self.chosen is not None:
             return self.chosen
+        if self.warmed < AHEAD_WARMUP_SECONDS:
+            return False
         return AHEAD_BLOCKS[self.trial // AHEAD_BLOCK_RUNS]
 
     def record(self, ahead: bool, seconds: float) -> None:
@@ -153,6 +166,10 @@ class AheadChoice:
         of the other way than the block's (a call on another thread that began before the
         block did) is not taken."""
         if self.chosen is not None:
+            return
+        if self.warmed < AHEAD_WARMUP_SECONDS:
+            if not ahead:
+                self.warmed += seconds
             return
         block, place = divmod(self.trial, AHEAD_BLOCK_RUNS)
         if AHEAD_BLOCKS[block] != ahead:
