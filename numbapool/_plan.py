@@ -2,8 +2,9 @@
 
 Pure Python and NumPy, no numba. A public call turns its ONNX attributes into a frozen,
 hashable :class:`WindowPlan` (or :class:`UnpoolPlan`); plans are cached by their arguments
-(_dispatch.pool_window), so a repeated call with the same shape, dtype and attributes normalizes once. The kernels
-receive the plan's geometry as run-time integer arrays and compute nothing but the pooling.
+(_dispatch.pool_window), so a repeated call with the same shape, dtype and attributes
+normalizes once. The kernels receive the plan's geometry as run-time integer arrays and
+compute nothing but the pooling.
 
 Per spatial axis, with the window extent ``k_eff = (k - 1) * d + 1`` (docs/semantics.md):
 
