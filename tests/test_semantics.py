@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import numbapool
+from numbapool._kernels import prefetch
 
 NAN = np.nan
 
@@ -307,6 +308,31 @@ def test_global_average_float32_blocks(dtype, length):
     assert got.reshape(-1).tobytes() == expected.tobytes()
     if length > 1:  # the rule is visible in these values: not the float64 mean
         assert expected.tobytes() != in_float64.tobytes()
+
+
+@pytest.mark.parametrize("length", [1024, 2500])
+def test_global_average_float32_blocks_at_every_place_in_a_line(length, monkeypatch):
+    # Reading ahead (here on every call, as over a large input), the same sums wherever
+    # the input starts in its cache lines: where the vector loads fall in the lines sets
+    # their speed (docs/performance.md, the one-core table), never which lane an element
+    # joins, nor which loads are masked near the input's end
+    monkeypatch.setattr(prefetch, "SHARE_AHEAD_BYTES", 0)
+    monkeypatch.setattr(prefetch.AheadChoice, "now", lambda choice: True)
+    rng = np.random.default_rng(length)
+    scales = 2.0 ** rng.integers(0, 27, (6, length))
+    values = (rng.standard_normal((6, length)) * scales).astype(np.float32)
+    values[0, [0, 32, 1, 33]] = [2.0**30, 16.0, -(2.0**30), 12.0]  # lanes 0 and 32 meet first
+    expected = _round_once(
+        np.array([_float32_block_mean(c, np.float32) for c in values]), np.float32
+    )
+    storage = np.empty(values.nbytes + 128, np.uint8)
+    line_start = -storage.ctypes.data % 64
+    for offset in range(0, 64, 4):
+        start = line_start + offset
+        x = storage[start : start + values.nbytes].view(np.float32).reshape(1, 6, length)
+        x[...] = values
+        got = numbapool.global_average_pool(x)
+        assert got.reshape(-1).tobytes() == expected.tobytes(), offset
 
 
 def test_lp_pool_cubes_by_products():
