@@ -324,9 +324,34 @@ def describe_cores(cores: list | None) -> str:
     return f"cores: {','.join(runs)}"
 
 
-def measure(case: Case, threads: int, rounds: int, copy) -> dict:
-    """A table row (summarize) for ``case``; ``copy`` is stream_copy()."""
+LINE_BYTES = 64
+
+
+def line_offset(x: np.ndarray) -> int:
+    """How many bytes past a 64-byte boundary (a cache line's start) ``x`` starts."""
+    return x.ctypes.data % LINE_BYTES
+
+
+def placed_input(x: np.ndarray, offset: int) -> np.ndarray:
+    """A copy of ``x`` that starts ``offset`` bytes past a 64-byte boundary.
+
+    Where an input starts in its cache lines moves a global average's time over 12.8 MB
+    on one core by a tenth, and the other way for torch (docs/performance.md); NumPy's
+    allocator puts a large new array 16 bytes past a line, one made from freed memory at
+    any multiple of 16."""
+    storage = np.empty(x.nbytes + LINE_BYTES, np.uint8)
+    start = (offset - storage.ctypes.data) % LINE_BYTES
+    placed = storage[start : start + x.nbytes].view(x.dtype).reshape(x.shape)
+    placed[...] = x
+    return placed
+
+
+def measure(case: Case, threads: int, rounds: int, copy, offset: int | None = None) -> dict:
+    """A table row (summarize) for ``case``; ``copy`` is stream_copy(); the input placed
+    ``offset`` bytes past a cache line's start (placed_input), or where NumPy puts it."""
     x = make_input(case.shape, case.dtype, case.data)
+    if offset is not None:
+        x = placed_input(x, offset)
     outputs = run(case, x)  # compiles, and gives the bytes written
     bytes_moved = x.nbytes + sum(o.nbytes for o in outputs)
     copy_call, copy_bytes = copy
@@ -336,7 +361,9 @@ def measure(case: Case, threads: int, rounds: int, copy) -> dict:
     for r in range(rounds):
         for name in order[r % len(order) :] + order[: r % len(order)]:  # rotate who goes first
             times[name].append(_timed_block(engines[name], WARMUP_SECONDS))
-    return summarize(case.name, times, bytes_moved, copy_bytes)
+    row = summarize(case.name, times, bytes_moved, copy_bytes)
+    row["offset"] = line_offset(x)
+    return row
 
 
 def summarize(case_name: str, times: dict, bytes_moved: int, copy_bytes: int) -> dict:
@@ -371,16 +398,22 @@ def summarize(case_name: str, times: dict, bytes_moved: int, copy_bytes: int) ->
 def format_table(rows: list, threads: int, cores: str = "") -> str:
     """One column per engine in PEERS (n/a where it is not installed or cannot run the
     case); the ratio is to the fastest peer of each row; the copy's speed in that row's
-    rounds, which its roofline ratio is to. ``cores`` is describe_cores' text."""
+    rounds, which its roofline ratio is to. ``cores`` is describe_cores' text; the
+    inputs' places in their cache lines (measure's ``offset``) close the first line."""
 
     def cell(value, digits=3):
         return "n/a" if value is None else f"{value:.{digits}f}"
 
     engines = ["numbapool", *PEERS]
     speeds = [row["copy GB/s"] for row in rows]
+    offsets = sorted({row["offset"] for row in rows if "offset" in row})
+    placement = ""
+    if offsets:
+        span = f"{offsets[0]}" if len(offsets) == 1 else f"{offsets[0]} to {offsets[-1]}"
+        placement = f"; inputs {span} bytes past a cache line's start"
     lines = [
         f"threads: {threads}; {cores + '; ' if cores else ''}streaming copy: "
-        f"{min(speeds):.1f} to {max(speeds):.1f} GB/s (the rows' medians)",
+        f"{min(speeds):.1f} to {max(speeds):.1f} GB/s (the rows' medians){placement}",
         "",
         "| case | "
         + " | ".join(f"{name} ms" for name in engines)
@@ -697,6 +730,13 @@ def main(argv=None) -> int:
         metavar="NAME",
         help="only these cases: " + ", ".join(repr(c.name) for c in CASES),
     )
+    parser.add_argument(
+        "--offset",
+        type=int,
+        metavar="BYTES",
+        help="start each input this many bytes past a 64-byte boundary, 0 to 63 and a "
+        "multiple of its item size (default: where NumPy's allocator puts it)",
+    )
     parser.add_argument("--plot", metavar="PNG", help="also draw the ratios into this file")
     parser.add_argument(
         "--scaling",
@@ -747,6 +787,16 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"unknown case {unknown[0]!r}; known: {', '.join(CASES_BY_NAME)}")
         cases = [CASES_BY_NAME[name] for name in args.cases]
+    if args.offset is not None:
+        if not 0 <= args.offset < LINE_BYTES:
+            parser.error(f"--offset: between 0 and {LINE_BYTES - 1} bytes, got {args.offset}")
+        for case in cases:
+            size = np.dtype(case.dtype).itemsize
+            if args.offset % size:
+                parser.error(
+                    f"--offset: {args.offset} is not a multiple of {case.dtype}'s {size} bytes "
+                    f"(case {case.name!r}); name the cases that take it with --cases"
+                )
     if args.busy:
         import os
 
@@ -774,8 +824,8 @@ def main(argv=None) -> int:
     copy = stream_copy()
     rows = []
     for case in cases:
-        rows.append(measure(case, args.threads, rounds, copy))
-        print(f"  {case.name}: done", flush=True)
+        rows.append(measure(case, args.threads, rounds, copy, args.offset))
+        print(f"  {case.name}: done (input {rows[-1]['offset']} bytes past a line)", flush=True)
     print(format_table(rows, args.threads, cores))
     if args.plot:
         plot(rows, args.plot)

@@ -153,6 +153,29 @@ def test_bench_rejects_an_unknown_case():
     assert result.returncode == 2 and "unknown case 'nope'" in result.stderr
 
 
+@pytest.mark.parametrize("offset", [0, 8, 16, 48])
+def test_an_input_placed_in_its_cache_line(offset):
+    x = _cases.make_input((2, 3, 5, 7), "float64")
+    placed = _bench.placed_input(x, offset)
+    assert placed.ctypes.data % 64 == offset == _bench.line_offset(placed)
+    assert placed.tobytes() == x.tobytes() and placed.shape == x.shape
+    assert placed.dtype == x.dtype and placed.flags.c_contiguous
+
+
+@pytest.mark.parametrize(
+    "arguments, words",
+    [
+        (["--offset", "64"], "--offset: between 0 and 63 bytes, got 64"),
+        (["--offset", "4", "--cases", "float64"], "4 is not a multiple of float64's 8 bytes"),
+    ],
+)
+def test_bench_rejects_an_offset_it_cannot_place(arguments, words):
+    result = subprocess.run(
+        [sys.executable, "-m", "numbapool", "bench", *arguments], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and words in result.stderr
+
+
 def test_every_case_runs_on_a_small_input():
     # the full sizes belong to the benchmarks; here each case's call path runs on a slice
     for case in _cases.CASES:
