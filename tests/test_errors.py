@@ -177,6 +177,19 @@ def test_invalid_values_are_rejected_even_after_a_valid_call_is_cached():
         numbapool.max_pool(X, [2.0, 2], ceil_mode=1)
     with pytest.raises(ValueError, match="ceil_mode"):
         numbapool.max_pool(X, [2, 2], ceil_mode=1.0)
+    with pytest.raises(ValueError, match="ceil_mode"):
+        numbapool.max_pool(X, [2, 2], ceil_mode=np.float64(1.0))
+    # every flag: a float never finds the plan of the valid call cached before it
+    numbapool.max_pool(X, [2, 2], storage_order=1)
+    with pytest.raises(ValueError, match="storage_order"):
+        numbapool.max_pool(X, [2, 2], storage_order=1.0)
+    numbapool.average_pool(X, [2, 2], count_include_pad=1)
+    with pytest.raises(ValueError, match="count_include_pad"):
+        numbapool.average_pool(X, [2, 2], count_include_pad=1.0)
+    # bools are flags too: the cached plan of 1 serves True
+    assert numbapool.max_pool(X, [2, 2], ceil_mode=True).tobytes() == (
+        numbapool.max_pool(X, [2, 2], ceil_mode=1).tobytes()
+    )
     # the lists of the common call, kernel shape and strides, are checked in one loop
     numbapool.max_pool(X, [2, 2], strides=[1, 1])
     with pytest.raises(TypeError, match="strides"):
