@@ -398,34 +398,32 @@ def summarize(case_name: str, times: dict, bytes_moved: int, copy_bytes: int) ->
 def format_table(rows: list, threads: int, cores: str = "") -> str:
     """One column per engine in PEERS (n/a where it is not installed or cannot run the
     case); the ratio is to the fastest peer of each row; the copy's speed in that row's
-    rounds, which its roofline ratio is to. ``cores`` is describe_cores' text; the
-    inputs' places in their cache lines (measure's ``offset``) close the first line."""
+    rounds, which its roofline ratio is to; the bytes from a cache line's start to the
+    input's (measure's ``offset``). ``cores`` is describe_cores' text."""
 
     def cell(value, digits=3):
         return "n/a" if value is None else f"{value:.{digits}f}"
 
     engines = ["numbapool", *PEERS]
     speeds = [row["copy GB/s"] for row in rows]
-    offsets = sorted({row["offset"] for row in rows if "offset" in row})
-    placement = ""
-    if offsets:
-        span = f"{offsets[0]}" if len(offsets) == 1 else f"{offsets[0]} to {offsets[-1]}"
-        placement = f"; inputs {span} bytes past a cache line's start"
     lines = [
         f"threads: {threads}; {cores + '; ' if cores else ''}streaming copy: "
-        f"{min(speeds):.1f} to {max(speeds):.1f} GB/s (the rows' medians){placement}",
+        f"{min(speeds):.1f} to {max(speeds):.1f} GB/s (the rows' medians)",
         "",
         "| case | "
         + " | ".join(f"{name} ms" for name in engines)
-        + " | best peer | numbapool / best peer | copy GB/s | numbapool / roofline |",
-        "| --- |" + " ---: |" * len(engines) + " --- | ---: | ---: | ---: |",
+        + " | best peer | numbapool / best peer | copy GB/s | numbapool / roofline"
+        + " | input's offset in its line |",
+        "| --- |" + " ---: |" * len(engines) + " --- | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
+        offset = row.get("offset")
         lines.append(
             f"| {row['case']} | "
             + " | ".join(cell(row.get(f"{name} ms")) for name in engines)
             + f" | {row['best peer'] or 'n/a'} | {cell(row['vs best peer'], 2)} "
-            f"| {cell(row['copy GB/s'], 1)} | {cell(row['vs roofline'], 2)} |"
+            f"| {cell(row['copy GB/s'], 1)} | {cell(row['vs roofline'], 2)} "
+            f"| {'n/a' if offset is None else offset} |"
         )
     return "\n".join(lines)
 
@@ -825,7 +823,7 @@ def main(argv=None) -> int:
     rows = []
     for case in cases:
         rows.append(measure(case, args.threads, rounds, copy, args.offset))
-        print(f"  {case.name}: done (input {rows[-1]['offset']} bytes past a line)", flush=True)
+        print(f"  {case.name}: done", flush=True)
     print(format_table(rows, args.threads, cores))
     if args.plot:
         plot(rows, args.plot)
