@@ -30,6 +30,7 @@ import numba
 import numpy as np
 
 from ._cases import CASES, CASES_BY_NAME, SCALING_CASES, Case, make_input, ready, run, runner
+from ._kernels.prefetch import LINE_BYTES
 
 BLOCK_SECONDS = 0.025
 # Untimed calls that open each engine's block in the side-by-side table, so that no
@@ -322,9 +323,6 @@ def describe_cores(cores: list | None) -> str:
             runs.append(str(start) if start == previous else f"{start}-{previous}")
             start = core
     return f"cores: {','.join(runs)}"
-
-
-LINE_BYTES = 64
 
 
 def line_offset(x: np.ndarray) -> int:
