@@ -446,18 +446,23 @@ class GlobalCall(NamedTuple):
     constants: tuple
     storage: np.dtype | None  # the storage dtype of 16-bit floats
     bits: np.dtype | None  # the dtype of the bits GlobalMaxPool compares
-    # "entry": the entry point compiled; ("driver", reads ahead?): the parallel driver
+    # "entry": the entry point compiled; "alone ahead": alone_ahead's, compiled once the
+    # calling thread alone reads ahead; ("driver", reads ahead?): the parallel driver
     # compiled and its parallel.BlockCall; each once met; a thread count: the call on
     # numbapool's pool at that count, once its driver is ready (_pooled_global)
     compiled: dict
+    # the entry point of a run on the calling thread alone that reads ahead, where a
+    # family of its own serves that (global_.HALF_LINE_FAMILY); else None
+    alone_ahead: EntryPoint | None
 
 
 def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> GlobalCall:
     """The GlobalCall of a global pooling call with these arguments. Validates, and keeps
     the answer for the next call."""
     plan = global_plan(op, shape, dtype)
-    request = GlobalRequest(op, plan.dtype, p)
+    request = GlobalRequest(op, plan.dtype, p, channel=plan.rows[1])
     family, kinds = choice.choose(request)
+    alone_family, alone_kinds = choice.choose(request._replace(reads_ahead=True, alone=True))
     # the maximum runs over the bits as signed integers (global_.global_max_units)
     bits = SIGNED_BITS[plan.dtype.itemsize] if "row_bits" in family.arrays else None
     plain = (*family.argument_values(request), *kinds)
@@ -475,7 +480,12 @@ def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> GlobalCall
     if len(_GLOBAL_CALLS) >= _MAX_GLOBAL_CALLS:  # shapes that never repeat: stay bounded
         _GLOBAL_CALLS.clear()
     call = _GLOBAL_CALLS[op, shape, dtype, p] = GlobalCall(
-        plan.out_shape, plan.dtype, plan.rows, *kernels, {}
+        plan.out_shape,
+        plan.dtype,
+        plan.rows,
+        *kernels,
+        {},
+        None if alone_family is family else alone_family.entry_point(alone_kinds),
     )
     return call
 
@@ -494,7 +504,7 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     if pooled is not None and x.flags.c_contiguous:
         return pooled(x)
     # unpacked at once: attribute by attribute would cost a tenth of a tiny call
-    out_shape, dtype, rows, entry, constants, storage, bits, compiled = call
+    out_shape, dtype, rows, entry, constants, storage, bits, compiled, _ = call
     y = np.empty(out_shape, dtype)
     if not rows[0]:
         return y
@@ -553,8 +563,12 @@ def run_global(op: str, x, p: float = 2.0) -> np.ndarray:
     ):
         way = ahead if choice is None else choice.chosen
         if threads == 1:
+            if way:
+                _compile_alone_ahead(call, arrays)
             compiled[1] = _serial_global(call, way)
         elif guarded is False and pool.available and ("driver", way) in compiled:
+            if alone_ahead:
+                _compile_alone_ahead(call, arrays)
             compiled[threads] = _pooled_global(call, threads, way, alone_ahead)
     return y
 
@@ -563,11 +577,15 @@ def _serial_global(call: GlobalCall, ahead: bool) -> Callable:
     """A global pooling call on the calling thread alone, as run_global makes it, for a
     C-ordered input of the call's dtype, reading ahead or not as chosen: a repeated call
     runs only run_global's first lines and these. Against run_global's general lines, on
-    one core: over 1x64x7x7 float32 0.74 to 0.80 of the time, over 1x256x112x112 0.985."""
-    out_shape, dtype, rows, _, constants, storage, bits, compiled = call
+    one core: over 1x64x7x7 float32 0.74 to 0.80 of the time, over 1x256x112x112 0.985.
+    Reading ahead, it runs the call's alone_ahead entry point where it has one (compiled
+    by _compile_alone_ahead)."""
+    out_shape, dtype, rows, _, constants, storage, bits, compiled, alone_ahead = call
     units = rows[0]
-    function = compiled["entry"].function
-    arguments = constants[ahead]
+    if ahead and alone_ahead is not None:
+        function, arguments = compiled["alone ahead"].function, ()
+    else:
+        function, arguments = compiled["entry"].function, constants[ahead]
     empty = np.empty
 
     def serial(x):
@@ -578,7 +596,16 @@ def _serial_global(call: GlobalCall, ahead: bool) -> Callable:
         return y
 
     serial.reads_ahead = ahead
+    serial.alone_ahead = ahead and alone_ahead is not None
     return serial
+
+
+def _compile_alone_ahead(call: GlobalCall, arrays: tuple) -> None:
+    """Compile (or load) the call's alone_ahead entry point for its ``arrays``, where it
+    has one, before a run on the calling thread alone first reads ahead through it: not
+    on a shape's first call, so that first calls compile only the entry point."""
+    if call.alone_ahead is not None and "alone ahead" not in call.compiled:
+        call.compiled["alone ahead"] = call.alone_ahead.compile(arrays)
 
 
 def _ahead_choice(call: GlobalCall, input_bytes: int, threads: int) -> prefetch.AheadChoice | None:
@@ -615,7 +642,7 @@ def _pooled_global(call: GlobalCall, threads: int, ahead: bool, alone_ahead: boo
     paid again after a call has streamed its input through the caches: over 12.8 MB of
     float32 on 2 threads, the Python of a call took a tenth to a fifth of its time, and
     the four global cases took 0.92 to 0.97 of the time through this function."""
-    out_shape, dtype, rows, _, _, _, bits, compiled = call
+    out_shape, dtype, rows, _, _, _, bits, compiled, _ = call
     units = rows[0]
     runs = min(units, _GLOBAL_RUNS_PER_THREAD * threads)
     key = ("driver", ahead)

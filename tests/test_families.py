@@ -35,11 +35,15 @@ _EXAMPLES = [
 ]
 
 
-def _chosen(op, x, attrs, indices):
+def _chosen(op, x, attrs, indices, alone_ahead=False):
     """(kernel, kinds, argument values but the kinds, for each way the call may run) the
-    dispatcher chose for the call: a global pool's with and without reading ahead."""
+    dispatcher chose for the call: a global pool's with and without reading ahead, or
+    with ``alone_ahead`` its entry point for a run on the calling thread alone that reads
+    ahead, where it has one of its own."""
     if op in _GLOBAL:
         call = _dispatch._global_call(op, x.shape, x.dtype, float(attrs.get("p", 2.0)))
+        if alone_ahead and call.alone_ahead is not None:
+            return call.alone_ahead.kernel, call.alone_ahead.kinds, [()]
         kinds = call.entry.kinds
         ways = [constants[: len(constants) - len(kinds)] for constants in call.constants]
         return call.entry.kernel, kinds, ways
@@ -54,10 +58,10 @@ def _family_of(kernel):
     return next(family for family in choice.FAMILIES if family.entry is kernel)
 
 
-def _check_declared(op, x, attrs, indices):
+def _check_declared(op, x, attrs, indices, alone_ahead=False):
     """The chosen family's kinds are among those it declares for the dtype, and its
     arguments have the types it declares (those warmup compiles)."""
-    kernel, kinds, ways = _chosen(op, x, attrs, indices)
+    kernel, kinds, ways = _chosen(op, x, attrs, indices, alone_ahead)
     family = _family_of(kernel)
     assert kinds in family.kinds(op, x.dtype)
     declared = family.argument_types(op, x.dtype)[len(family.arrays) :]
@@ -70,15 +74,28 @@ def _check_declared(op, x, attrs, indices):
 def test_each_family_serves_its_examples(family, example):
     # on two threads, in the dtype the example is for: the family chosen, and the
     # reference's values (MaxPool's bit for bit, with its Indices)
+    # (a global pool's entry point for a run on the calling thread alone that reads
+    # ahead, where it has one of its own, called directly)
     op, shape, attrs = example
     served = []
     for dtype in _DTYPES:
         x = np.random.default_rng(len(served)).standard_normal(shape).astype(dtype)
         with numbapool.threads(2):
-            if _check_declared(op, x, attrs, family.indices) is not family:
+            alone_ahead = (
+                op in _GLOBAL
+                and _dispatch._global_call(op, x.shape, x.dtype, 2.0).alone_ahead is not None
+                and _check_declared(op, x, attrs, False, alone_ahead=True) is family
+            )
+            if not alone_ahead and _check_declared(op, x, attrs, family.indices) is not family:
                 continue
             served.append(dtype)
-            if op in _GLOBAL:
+            if alone_ahead:
+                call = _dispatch._global_call(op, x.shape, x.dtype, 2.0)
+                got = np.empty(call.rows[0], dtype)
+                arrays = (x.reshape(call.rows), got)
+                call.alone_ahead.compile(arrays).function(0, call.rows[0], *arrays)
+                expected = reference.global_pool(op, x).reshape(-1)
+            elif op in _GLOBAL:
                 got = _GLOBAL[op](x, **attrs)
                 expected = reference.global_pool(op, x, *attrs.values())
             else:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import numbapool
-from numbapool._kernels import prefetch
+from numbapool import _dispatch
+from numbapool._kernels import global_, prefetch
 
 NAN = np.nan
 
@@ -312,12 +313,19 @@ def test_global_average_float32_blocks(dtype, length):
 
 @pytest.mark.parametrize("length", [1024, 2500])
 def test_global_average_float32_blocks_at_every_place_in_a_line(length, monkeypatch):
-    # Reading ahead (here on every call, as over a large input), the same sums wherever
+    # Reading ahead (here chosen at once, as over a large input), the same sums wherever
     # the input starts in its cache lines: where the vector loads fall in the lines sets
     # their speed (docs/performance.md, the one-core table), never which lane an element
-    # joins, nor which loads are masked near the input's end
+    # joins, nor which loads are masked near the input's end. A channel longer than a
+    # block then runs half_line_sum_units, whose loads are half lines where a channel
+    # starts on 32 bytes
+    class ChosenAhead(prefetch.AheadChoice):
+        def __init__(self):
+            super().__init__()
+            self.chosen = True
+
     monkeypatch.setattr(prefetch, "SHARE_AHEAD_BYTES", 0)
-    monkeypatch.setattr(prefetch.AheadChoice, "now", lambda choice: True)
+    monkeypatch.setattr(prefetch, "AheadChoice", ChosenAhead)
     rng = np.random.default_rng(length)
     scales = 2.0 ** rng.integers(0, 27, (6, length))
     values = (rng.standard_normal((6, length)) * scales).astype(np.float32)
@@ -327,11 +335,17 @@ def test_global_average_float32_blocks_at_every_place_in_a_line(length, monkeypa
     )
     storage = np.empty(values.nbytes + 128, np.uint8)
     line_start = -storage.ctypes.data % 64
+    key = ("GlobalAveragePool", (1, 6, length), values.dtype, 2.0)
+    _dispatch._GLOBAL_CALLS.pop(key, None)  # made afresh, under the choice above
+    with numbapool.threads(1):
+        numbapool.global_average_pool(values.reshape(1, 6, length))  # the serial call made
+        assert _dispatch._GLOBAL_CALLS[key].compiled[1].alone_ahead == (length > global_.BLOCK)
     for offset in range(0, 64, 4):
         start = line_start + offset
         x = storage[start : start + values.nbytes].view(np.float32).reshape(1, 6, length)
         x[...] = values
-        got = numbapool.global_average_pool(x)
+        with numbapool.threads(1):
+            got = numbapool.global_average_pool(x)
         assert got.reshape(-1).tobytes() == expected.tobytes(), offset
 
 

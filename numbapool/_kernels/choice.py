@@ -24,6 +24,7 @@ FAMILIES = (
     sums.FAMILY,
     # the global pools
     global_.MAX_FAMILY,
+    global_.HALF_LINE_FAMILY,
     global_.BLOCK_SUM_FAMILY,
     global_.REORDERED_FAMILY,
     global_.IN_ORDER_FAMILY,

@@ -102,6 +102,10 @@ class GlobalRequest(NamedTuple):
     # whether a thread's share of the input is large enough that short channels ask for
     # memory ahead (prefetch.reads_ahead)
     reads_ahead: bool = False
+    # whether the call runs on the calling thread alone
+    alone: bool = False
+    # elements to a channel (0: any)
+    channel: int = 0
 
 
 def _signed_bits(dtype: np.dtype) -> np.dtype:

@@ -76,12 +76,13 @@ def _vector_pointer(context, builder, array_type, array, at, vector):
 LANES = 64
 
 
-def _add_to_lanes(builder, data, start, count, end, storage, lanes):
+def _add_to_lanes(builder, data, start, count, end, storage, lanes, half_lines=False):
     """The LANES // WIDTH float32 vectors ``lanes`` after data[start:start + count] is added
     to them, element j to lane j % LANES; the elements past the last whole LANES with +0 in
     the lanes past them, which leaves a lane as it is (a lane is never -0: it starts at +0,
     and a sum is -0 only where both terms are), reading nothing at or past the array's
-    ``end``."""
+    ``end``. With ``half_lines`` (float32 elements), the whole runs of LANES are loaded
+    half a vector at a time (_half_vector_loop)."""
     stored, suffix = _STORED[storage]
     vector_at = vectors_at(builder, data, start, stored)
 
@@ -98,7 +99,10 @@ def _add_to_lanes(builder, data, start, count, end, storage, lanes):
             for k, value in enumerate(values)
         ]
 
-    values, whole = vector_loop(builder, count, LANES, lanes, add_vectors)
+    if half_lines:
+        values, whole = _half_vector_loop(builder, data, start, count, lanes)
+    else:
+        values, whole = vector_loop(builder, count, LANES, lanes, add_vectors)
     masked_load, _ = masked_memory(builder, stored, suffix)
     left = builder.trunc(builder.sub(count, whole), I32)
     below_left = splat(builder, left, WIDTH)
@@ -178,6 +182,40 @@ def _add_to_lanes(builder, data, start, count, end, storage, lanes):
     return _joined(builder, (values, before), (tail_values, with_tail))
 
 
+# float32 lanes loaded at a time where a block's loads are half lines (_half_vector_loop)
+_HALF_WIDTH = WIDTH // 2
+
+
+def _half_vector_loop(builder, data, start, count, lanes):
+    """vector_loop over the whole runs of LANES float32 elements from data[start], added
+    to the float32 vectors ``lanes`` as _add_to_lanes adds them, but each vector of WIDTH
+    lanes carried as two of _HALF_WIDTH, loaded half a vector (32 bytes) at a time: each
+    lane adds the same elements in the same order. Returns (the vectors after it,
+    ``whole``)."""
+    vector_at = vectors_at(builder, data, start, ir.VectorType(F32, _HALF_WIDTH))
+    halves = [
+        ir.Constant(ir.VectorType(I32, _HALF_WIDTH), list(range(first, first + _HALF_WIDTH)))
+        for first in (0, _HALF_WIDTH)
+    ]
+    split = [builder.shuffle_vector(value, value, half) for value in lanes for half in halves]
+
+    def add_halves(i, values):
+        return [
+            builder.fadd(
+                value,
+                builder.load(vector_at(builder.add(i, ir.Constant(I64, k * _HALF_WIDTH))), align=2),
+            )
+            for k, value in enumerate(values)
+        ]
+
+    added, whole = vector_loop(builder, count, LANES, split, add_halves)
+    both = ir.Constant(_VI32, list(range(WIDTH)))
+    joined = [
+        builder.shuffle_vector(added[2 * k], added[2 * k + 1], both) for k in range(len(lanes))
+    ]
+    return joined, whole
+
+
 def _joined(builder, *incoming):
     """Where branches meet: a phi for each value, taking its value in each of the
     (values, block) pairs ``incoming`` from that block."""
@@ -221,16 +259,7 @@ def _block_arguments(flat, start, count):
     )
 
 
-@intrinsic
-def block_sum(typingctx, flat, start, count):
-    """``(flat, start, count) -> float32``: the float32 block sum (LANES) of
-    flat[start:start + count] (float32, or 16-bit floats stored as codec.py says): a block
-    of at most LANES elements (a 7x7 channel) in straight code (_straight_lanes), a longer
-    one through _add_to_lanes."""
-    if not _block_arguments(flat, start, count):
-        return None
-    signature = types.float32(flat, types.uint64, types.uint64)
-
+def _block_sum_codegen(half_lines):
     def codegen(context, builder, signature, args):
         flat = context.make_array(signature.args[0])(context, builder, args[0])
         start, count, storage = args[1], args[2], signature.args[0].dtype
@@ -244,15 +273,47 @@ def block_sum(typingctx, flat, start, count):
                 short_total = builder.fadd(_lane_tree(builder, lanes), ir.Constant(F32, 0.0))
                 short_block = builder.block
             with long:
-                long_total = _lane_tree(
+                lanes = _add_to_lanes(
                     builder,
-                    _add_to_lanes(builder, flat.data, start, count, flat.nitems, storage, zeros),
+                    flat.data,
+                    start,
+                    count,
+                    flat.nitems,
+                    storage,
+                    zeros,
+                    half_lines and storage == types.float32,
                 )
+                long_total = _lane_tree(builder, lanes)
                 long_block = builder.block
         (total,) = _joined(builder, ([short_total], short_block), ([long_total], long_block))
         return total
 
-    return signature, codegen
+    return codegen
+
+
+@intrinsic
+def block_sum(typingctx, flat, start, count):
+    """``(flat, start, count) -> float32``: the float32 block sum (LANES) of
+    flat[start:start + count] (float32, or 16-bit floats stored as codec.py says): a block
+    of at most LANES elements (a 7x7 channel) in straight code (_straight_lanes), a longer
+    one through _add_to_lanes."""
+    if not _block_arguments(flat, start, count):
+        return None
+    return types.float32(flat, types.uint64, types.uint64), _block_sum_codegen(False)
+
+
+@intrinsic
+def half_line_block_sum(typingctx, flat, start, count):
+    """block_sum, but a float32 block longer than LANES loaded half a vector (32 bytes) at
+    a time (_half_vector_loop): the same sum, bit for bit. For a float32 input that starts
+    on a 32-byte boundary, and one that reads ahead (GlobalAveragePool's channel_block_sums):
+    on the Zen 4 one core then summed 12.8 MB that the L3 holds in 0.95 to 0.97 of the time
+    of whole-line loads starting on a line or half a line, which across two lines had taken
+    0.95 of the time; half lines across two lines took 1.05x to 1.09x (16-bit floats are
+    loaded half a line at a time either way)."""
+    if not _block_arguments(flat, start, count):
+        return None
+    return types.float32(flat, types.uint64, types.uint64), _block_sum_codegen(True)
 
 
 def _straight_lanes(builder, data, start, count, end, storage):
