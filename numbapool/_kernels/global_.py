@@ -331,10 +331,12 @@ def half_line_sum_units(begin, end, x, y):
     """block_sum_units's channels [begin, end), longer than a block, read ahead on the
     calling thread alone: the same sums, bit for bit, with the blocks of a float32 channel
     that starts on HALF_LINE_BYTES loaded half a line at a time
-    (global_vectors.half_line_block_sum), those of other channels in whole lines. Whole
-    lines from a line's start or half way wait longest on the L3: on the Zen 4 one core
-    summed 12.8 MB of long channels or big planes starting there in 0.96 to 0.98 of the
-    time this way (16 or 48 bytes past a line's start, whole lines across two lines ask
+    (global_vectors.half_line_block_sum), those of other channels in whole lines, each
+    block asking for the line a page past it. Whole lines from a line's start or half way
+    wait longest on the L3: on the Zen 4 one core summed 12.8 MB of long channels or big
+    planes starting there in 0.96 to 0.98 of the time in half lines asking a page ahead,
+    and in half lines that ask for nothing ahead (the loop's own first line) 0.97 to 0.98
+    of that again (16 or 48 bytes past a line's start, whole lines across two lines ask
     for the second early: faster than half lines, 1.05x to 1.09x). A kernel of its own,
     compiled once a call shape reads ahead on one thread: beside block_sum_units's loop in
     that kernel, the half lines made the loop two threads run 1.01x to 1.035x slower."""
@@ -346,7 +348,7 @@ def half_line_sum_units(begin, end, x, y):
     for channel in range(begin, end):
         base = np.uint64(channel) * size
         if (flat.ctypes.data + base * np.uint64(x.itemsize)) % half_line == 0:
-            total = half_line_channel_sums(flat, base, size, past_page)
+            total = half_line_channel_sums(flat, base, size, np.uint64(0))
         else:
             total = channel_block_sums(flat, base, size, past_page)
         y[channel] = encode(total / count, y)
