@@ -446,14 +446,14 @@ class GlobalCall(NamedTuple):
     constants: tuple
     storage: np.dtype | None  # the storage dtype of 16-bit floats
     bits: np.dtype | None  # the dtype of the bits GlobalMaxPool compares
-    # "entry": the entry point compiled; "alone ahead": alone_ahead's, compiled once the
-    # calling thread alone reads ahead; ("driver", reads ahead?): the parallel driver
+    # "entry": the entry point compiled; "alone ahead": alone_ahead_entry's, compiled once
+    # the calling thread alone reads ahead; ("driver", reads ahead?): the parallel driver
     # compiled and its parallel.BlockCall; each once met; a thread count: the call on
     # numbapool's pool at that count, once its driver is ready (_pooled_global)
     compiled: dict
     # the entry point of a run on the calling thread alone that reads ahead, where a
     # family of its own serves that (global_.HALF_LINE_FAMILY); else None
-    alone_ahead: EntryPoint | None
+    alone_ahead_entry: EntryPoint | None
 
 
 def _global_call(op: str, shape: tuple, dtype: np.dtype, p: float) -> GlobalCall:
@@ -578,11 +578,11 @@ def _serial_global(call: GlobalCall, ahead: bool) -> Callable:
     C-ordered input of the call's dtype, reading ahead or not as chosen: a repeated call
     runs only run_global's first lines and these. Against run_global's general lines, on
     one core: over 1x64x7x7 float32 0.74 to 0.80 of the time, over 1x256x112x112 0.985.
-    Reading ahead, it runs the call's alone_ahead entry point where it has one (compiled
-    by _compile_alone_ahead)."""
-    out_shape, dtype, rows, _, constants, storage, bits, compiled, alone_ahead = call
+    Reading ahead, it runs the call's alone_ahead_entry where it has one (compiled by
+    _compile_alone_ahead)."""
+    out_shape, dtype, rows, _, constants, storage, bits, compiled, alone_ahead_entry = call
     units = rows[0]
-    if ahead and alone_ahead is not None:
+    if ahead and alone_ahead_entry is not None:
         function, arguments = compiled["alone ahead"].function, ()
     else:
         function, arguments = compiled["entry"].function, constants[ahead]
@@ -596,16 +596,16 @@ def _serial_global(call: GlobalCall, ahead: bool) -> Callable:
         return y
 
     serial.reads_ahead = ahead
-    serial.alone_ahead = ahead and alone_ahead is not None
+    serial.alone_ahead = ahead and alone_ahead_entry is not None
     return serial
 
 
 def _compile_alone_ahead(call: GlobalCall, arrays: tuple) -> None:
-    """Compile (or load) the call's alone_ahead entry point for its ``arrays``, where it
-    has one, before a run on the calling thread alone first reads ahead through it: not
-    on a shape's first call, so that first calls compile only the entry point."""
-    if call.alone_ahead is not None and "alone ahead" not in call.compiled:
-        call.compiled["alone ahead"] = call.alone_ahead.compile(arrays)
+    """Compile (or load) the call's alone_ahead_entry for its ``arrays``, where it has one,
+    before a run on the calling thread alone first reads ahead through it: not on a
+    shape's first call, so that first calls compile only the entry point."""
+    if call.alone_ahead_entry is not None and "alone ahead" not in call.compiled:
+        call.compiled["alone ahead"] = call.alone_ahead_entry.compile(arrays)
 
 
 def _ahead_choice(call: GlobalCall, input_bytes: int, threads: int) -> prefetch.AheadChoice | None:

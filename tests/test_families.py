@@ -42,8 +42,8 @@ def _chosen(op, x, attrs, indices, alone_ahead=False):
     ahead, where it has one of its own."""
     if op in _GLOBAL:
         call = _dispatch._global_call(op, x.shape, x.dtype, float(attrs.get("p", 2.0)))
-        if alone_ahead and call.alone_ahead is not None:
-            return call.alone_ahead.kernel, call.alone_ahead.kinds, [()]
+        if alone_ahead and call.alone_ahead_entry is not None:
+            return call.alone_ahead_entry.kernel, call.alone_ahead_entry.kinds, [()]
         kinds = call.entry.kinds
         ways = [constants[: len(constants) - len(kinds)] for constants in call.constants]
         return call.entry.kernel, kinds, ways
@@ -83,7 +83,7 @@ def test_each_family_serves_its_examples(family, example):
         with numbapool.threads(2):
             alone_ahead = (
                 op in _GLOBAL
-                and _dispatch._global_call(op, x.shape, x.dtype, 2.0).alone_ahead is not None
+                and _dispatch._global_call(op, x.shape, x.dtype, 2.0).alone_ahead_entry is not None
                 and _check_declared(op, x, attrs, False, alone_ahead=True) is family
             )
             if not alone_ahead and _check_declared(op, x, attrs, family.indices) is not family:
@@ -93,7 +93,7 @@ def test_each_family_serves_its_examples(family, example):
                 call = _dispatch._global_call(op, x.shape, x.dtype, 2.0)
                 got = np.empty(call.rows[0], dtype)
                 arrays = (x.reshape(call.rows), got)
-                call.alone_ahead.compile(arrays).function(0, call.rows[0], *arrays)
+                call.alone_ahead_entry.compile(arrays).function(0, call.rows[0], *arrays)
                 expected = reference.global_pool(op, x).reshape(-1)
             elif op in _GLOBAL:
                 got = _GLOBAL[op](x, **attrs)

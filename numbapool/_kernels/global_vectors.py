@@ -305,12 +305,9 @@ def block_sum(typingctx, flat, start, count):
 @intrinsic
 def half_line_block_sum(typingctx, flat, start, count):
     """block_sum, but a float32 block longer than LANES loaded half a vector (32 bytes) at
-    a time (_half_vector_loop): the same sum, bit for bit. For a float32 input that starts
-    on a 32-byte boundary, and one that reads ahead (GlobalAveragePool's channel_block_sums):
-    on the Zen 4 one core then summed 12.8 MB that the L3 holds in 0.95 to 0.97 of the time
-    of whole-line loads starting on a line or half a line, which across two lines had taken
-    0.95 of the time; half lines across two lines took 1.05x to 1.09x (16-bit floats are
-    loaded half a line at a time either way)."""
+    a time (_half_vector_loop): the same sum, bit for bit (16-bit floats are loaded half a
+    line at a time either way). For channels that start on 32 bytes: where that pays,
+    global_.half_line_sum_units says."""
     if not _block_arguments(flat, start, count):
         return None
     return types.float32(flat, types.uint64, types.uint64), _block_sum_codegen(True)
