@@ -322,8 +322,8 @@ def block_sum_units(begin, end, x, y, reads_ahead):
 
 
 # Where a channel that half_line_sum_units reads starts for its blocks to be loaded
-# half a line at a time: on 32 bytes
-HALF_LINE_BYTES = 32
+# half a line at a time: on half a cache line (32 bytes)
+HALF_LINE_BYTES = LINE_BYTES // 2
 
 
 @kernel()
