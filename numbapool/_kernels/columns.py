@@ -171,6 +171,79 @@ def _column_windows(columns, target, base, count, width, step, spacing):
         target[base + np.uint64(j)] = value
 
 
+@njit(inline="always")
+def _row_windows(
+    columns,
+    y,
+    out_begin,
+    count,
+    window_width,
+    window_step,
+    step,
+    dilation,
+    k_last,
+    check_ties,
+    lowest,
+):
+    """y[out_begin:out_begin + count] = the maxima of an output row's windows, taken from
+    its column maxima (columns[0] under the first window's first tap), by the kind of
+    last-axis window (column_kind; its width and step arrive as literals, tested here
+    themselves so that numba drops the branches a kind does not take; ``step``: the
+    stride along the row, as uint64). Returns (whether
+    an output is_tie, whether one is a NaN, whether the fold's -0 flag is all the scan for
+    a -0 needs): windows 3 wide at step 2 tell zeros and NaNs apart
+    (max_vectors.three_wide_step_two); the others, a NaN output not told apart from a
+    zero, scan for both."""
+    if window_width == 3 and window_step == 2:
+        zeros, nans = three_wide_step_two(columns, y, out_begin, np.uint64(count))
+        return zeros or nans, nans, True
+    if window_width == 3 and window_step == 1 and dilation != 1:
+        _column_windows(columns, y, out_begin, count, 3, np.uint64(1), np.uint64(dilation))
+    elif window_width:
+        _column_windows(
+            columns, y, out_begin, count, window_width, np.uint64(window_step), np.uint64(1)
+        )
+    else:
+        start_maxima(y, None, out_begin, count, lowest)
+        for kw in range(k_last):
+            max_run(columns, np.uint64(kw * dilation), step, y, out_begin, count)
+    return check_ties and any_tie(y, out_begin, count), False, False
+
+
+@njit(inline="always")
+def _columns_hold_ties(columns, column_start, lo, hi, inside_rows, nans, negative_zero):
+    """Whether an output row's zeros and NaNs are taken again, its column maxima
+    columns[lo:hi] folded from ``inside_rows`` input rows by fold_max.
+
+    The column maxima stand for the rows: the fold keeps each column's first maximum and
+    first NaN (fold_max), and a window's row-major answer, when a zero or a NaN, is the
+    first maximum of its column (nothing as large lies above it). A -0 or a NaN that decides
+    a window is among them, a third of the elements at three rows (the resnet stem over a
+    ReLU's outputs 0.88 to 0.91 of the time). A NaN among them is a NaN output, and where
+    the fold saw no -0 and no output is a NaN they hold neither: the scan is skipped (over
+    a ReLU's outputs, the stem took 0.87 of the time)."""
+    column_start[0] = lo
+    return nans or (
+        negative_zero
+        and rows_hold_negative_zero_or_nan(
+            columns, column_start, np.uint64(min(inside_rows, 1)), np.uint64(hi - lo)
+        )
+    )
+
+
+@njit(inline="always")
+def _retake_ties(
+    y, out_begin, count, first, row_offset, row_inside, starts, lowest, x, axes, taps, tap_offsets
+):
+    """The zeros and NaNs among y[out_begin:out_begin + count], outputs first to first +
+    count - 1 of their row, taken again in row-major order (maxima.border_max)."""
+    for j in range(count):
+        if is_tie(decode(y[out_begin + np.uint64(j)])):
+            y[out_begin + np.uint64(j)] = border_max(
+                first + j, row_offset, row_inside, starts, lowest, x, axes, taps, tap_offsets
+            )
+
+
 # inlined by numba, not compiled once as units' helpers are: compiled once, the 5x5
 # stride-1 MaxPool over int8 and uint8 took 1.2x as long
 @njit(inline="always")
@@ -360,31 +433,20 @@ def column_units(
             columns[np.uint64(i)] = lowest
         count = end - first
         out_begin = np.uint64(out_first + first)
-        # tested on the literals themselves, so that numba drops the branch a kind does not
-        # take
-        if window_width == 3 and window_step == 2:
-            zeros, nans = three_wide_step_two(columns, y, out_begin, np.uint64(count))
-            suspect = zeros or nans
-        else:
-            if window_width == 3 and window_step == 1 and dilation != 1:
-                _column_windows(columns, y, out_begin, count, 3, np.uint64(1), np.uint64(dilation))
-            elif window_width:
-                _column_windows(
-                    columns,
-                    y,
-                    out_begin,
-                    count,
-                    window_width,
-                    np.uint64(window_step),
-                    np.uint64(1),
-                )
-            else:
-                start_maxima(y, None, out_begin, count, lowest)
-                for kw in range(k_last):
-                    max_run(columns, np.uint64(kw * dilation), step, y, out_begin, count)
-            suspect = check_ties and any_tie(y, out_begin, count)
-            # a NaN output not told apart from a zero: the scan looks for both
-            nans, negative_zero = False, True
+        suspect, nans, told = _row_windows(
+            columns,
+            y,
+            out_begin,
+            count,
+            window_width,
+            window_step,
+            step,
+            dilation,
+            k_last,
+            check_ties,
+            lowest,
+        )
+        negative_zero = negative_zero or not told
         # zeros and NaNs taken again in row-major order, where the windows hold a -0 or
         # a NaN (on the literal first: int8 and uint8 compile no retake). Where they hold
         # neither, every zero of the unit's windows is +0 and the scan returns one of the
@@ -409,35 +471,24 @@ def column_units(
                     x, row_starts, np.uint64(inside_rows), np.uint64(hi - lo)
                 )
             else:
-                # The column maxima stand for the rows: the fold keeps each column's first
-                # maximum and first NaN (fold_max), and a window's row-major answer, when
-                # a zero or a NaN, is the first maximum of its column (nothing as large
-                # lies above it). A -0 or a NaN that decides a window is among them, a
-                # third of the elements at three rows (the resnet stem over a ReLU's
-                # outputs 0.88 to 0.91 of the time). A NaN among them is a NaN output, and
-                # where the fold saw no -0 and no output is a NaN they hold neither: the
-                # scan is skipped (over a ReLU's outputs, the stem took 0.87 of the time).
-                column_start[0] = lo
-                held = nans or (
-                    negative_zero
-                    and rows_hold_negative_zero_or_nan(
-                        columns, column_start, np.uint64(min(inside_rows, 1)), np.uint64(hi - lo)
-                    )
+                held = _columns_hold_ties(
+                    columns, column_start, lo, hi, inside_rows, nans, negative_zero
                 )
             if held:
-                for j in range(count):
-                    if is_tie(decode(y[out_begin + np.uint64(j)])):
-                        y[out_begin + np.uint64(j)] = border_max(
-                            first + j,
-                            row_offset,
-                            row_inside,
-                            starts,
-                            lowest,
-                            x,
-                            axes,
-                            taps,
-                            tap_offsets,
-                        )
+                _retake_ties(
+                    y,
+                    out_begin,
+                    count,
+                    first,
+                    row_offset,
+                    row_inside,
+                    starts,
+                    lowest,
+                    x,
+                    axes,
+                    taps,
+                    tap_offsets,
+                )
     release(
         columns,
         row_starts,
