@@ -671,7 +671,14 @@ def test_fixed_window_kernels(data):
     plan = numbapool.plan(op, x.shape, x.dtype, **attrs)
     assert _dispatch._launch(plan, 1).entry.kernel in (fixed.fixed_max_units, fixed.fixed_sum_units)
     generic = _generic_result(
-        function, x, attrs, plan, fixed.MAX_FAMILY, fixed.SUM_FAMILY, wide.FAMILY
+        function,
+        x,
+        attrs,
+        plan,
+        fixed.MAX_FAMILY,
+        fixed.SUM_FAMILY,
+        wide.FAMILY,
+        columns.ROW_FAMILY,
     )
     if op == "MaxPool":  # the winning element itself
         assert got.tobytes() == generic.tobytes()
@@ -913,10 +920,11 @@ def test_max_plane_kernel(data):
 @given(st.data())
 def test_max_pool_columns_kernel(data):
     """MaxPool without Indices over two or more spatial axes runs input rows first
-    (columns.column_units), a column-major scan of each window; where that scan's zero or
-    NaN differs from the row-major one, the row-major one must be what comes out, bit for
-    bit. 2-D windows at strides of 1, which small planes take to max_planes.py, are turned
-    away from it here."""
+    (columns.column_units, or over two axes and whole output rows columns.row_units), a
+    column-major scan of each window; where that scan's zero or NaN differs from the
+    row-major one, the row-major one must be what comes out, bit for bit. 2-D windows at
+    strides of 1, which small planes take to max_planes.py, are turned away from it here,
+    and row_units, drawn, too: column_units then takes the calls row_units would."""
     from numbapool import _dispatch
 
     dtype = np.dtype(data.draw(st.sampled_from(FLOATS)))
@@ -933,19 +941,28 @@ def test_max_pool_columns_kernel(data):
     if expected is None:
         return
     plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
-    with _families_turned_away(plan, max_planes.FAMILY):
-        # the columns kernel's MaxPool, for the plan the call runs: its window's leading
+    away = (
+        (max_planes.FAMILY,)
+        if data.draw(st.booleans())
+        else (max_planes.FAMILY, columns.ROW_FAMILY)
+    )
+    kernels = {columns.column_units, columns.row_units}
+    with _families_turned_away(plan, *away):
+        # a columns kernel's MaxPool, for the plan the call runs: its window's leading
         # single taps merged into the channels (1x1x2x2 at strides 1, 1, 1, 2 runs as 2x2
         # at strides 1, 2: the fixed kernel's)
-        assume(_dispatch._launch(plan, 1).entry.kernel is columns.column_units)
-    got = _generic_result(numbapool.max_pool, x, attrs, plan, max_planes.FAMILY)
+        assume(_dispatch._launch(plan, 1).entry.kernel in kernels)
+        got = numbapool.max_pool(x, **attrs)
+        assert {launch.entry.kernel for launch in plan.launches.values()} <= kernels
     assert got.tobytes() == expected[0].tobytes()
 
 
 @pytest.mark.parametrize(
     "shape, attrs, kernel",
     [
-        ((2, 8, 9, 11), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4), "column_units"),
+        ((2, 8, 9, 11), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4), "row_units"),
+        # one channel's three output rows, split in blocks
+        ((1, 1, 5, 61), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4), "column_units"),
         ((2, 8, 9, 11), dict(kernel_shape=[3, 3], pads=[1] * 4), "max_plane_units"),
         (
             (2, 8, 7, 9, 11),
@@ -961,7 +978,7 @@ def test_max_pool_windows_of_zeros(shape, attrs, kernel, zeros, dtype):
     """Windows whose maximum is a zero, many of them, as after a ReLU: the kernels that scan
     a window column by column take a zero output again in row-major order only where a -0
     or a NaN is found (max_vectors.rows_hold_negative_zero_or_nan) in its column maxima (the
-    columns kernel; over folded planes, its input rows) or its plane (small planes). With
+    columns kernels; over folded planes, its input rows) or its plane (small planes). With
     zeros of one sign, of the other, or of both, on two threads: the reference's bits."""
 
     rng = np.random.default_rng(len(zeros) * 10 + len(shape))
@@ -985,10 +1002,12 @@ def test_max_pool_windows_of_zeros(shape, attrs, kernel, zeros, dtype):
         dict(kernel_shape=[5, 3], strides=[2, 2], pads=[2, 1, 2, 1]),
     ],
 )
+@pytest.mark.parametrize("kernel", ["row_units", "column_units"])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_max_pool_columns_scan_every_column(attrs, dtype):
-    """The columns kernel retakes a unit's zero and NaN outputs where its column maxima hold
-    a -0 or a NaN: a window's row-major answer is the first maximum of its column. Each
+def test_max_pool_columns_scan_every_column(attrs, dtype, kernel):
+    """The columns kernels retake a unit's zero and NaN outputs where its column maxima hold
+    a -0 or a NaN: a window's row-major answer is the first maximum of its column (whole
+    output rows take row_units, and column_units where row_units is turned away). Each
     channel of -1s holds one -0 (or one NaN) and, a row below, in another column, one +0
     (another NaN), so that a window's columns hold both and its row-major answer is the
     first: at every place, the first and last columns of a unit's span included. Windows 3
@@ -1015,8 +1034,10 @@ def test_max_pool_columns_scan_every_column(attrs, dtype):
             raw[0, channel, row + 1, second] = late
         expected, _ = reference.pool("MaxPool", x, **attrs)
         plan = numbapool.plan("MaxPool", x.shape, x.dtype, **attrs)
-        got, launch = _on_two_threads(plan, lambda x=x: numbapool.max_pool(x, **attrs))
-        assert launch.entry.kernel is columns.column_units
+        away = () if kernel == "row_units" else (columns.ROW_FAMILY,)
+        with _families_turned_away(plan, *away):
+            got, launch = _on_two_threads(plan, lambda x=x: numbapool.max_pool(x, **attrs))
+            assert launch.entry.kernel.__name__ == kernel
         assert got.tobytes() == expected.tobytes()
 
 

@@ -16,6 +16,7 @@ FAMILIES = (
     # MaxPool without Indices
     fixed.MAX_FAMILY,
     max_planes.FAMILY,
+    columns.ROW_FAMILY,
     columns.FAMILY,
     # AveragePool and LpPool
     fixed.SUM_FAMILY,
