@@ -40,7 +40,7 @@ from .max_vectors import (
     three_wide_step_two,
 )
 from .maxima import any_tie, border_max, fold_max_function, is_tie, max_run, nan_max, start_maxima
-from .prefetch import PREFETCH_INPUT_BYTES, prefetch_ahead
+from .prefetch import LINE_BYTES, PREFETCH_INPUT_BYTES, prefetch_ahead
 from .scratch import empty, full, release
 from .units import first_unit_row, input_plane, output_plane, tap_is_inside, unit_row
 
@@ -120,6 +120,14 @@ def copy_row(columns, lo, hi, source, start):
     for i in range(hi - lo):
         columns[np.uint64(lo + i)] = source[np.uint64(start + i)]
 
+
+# What numba's vectorized loop over float32 and float64 rows takes a pass: four vectors of
+# 64 bytes (AVX-512; with AVX2, two passes of four of 32). A row's last elements short of a
+# pass go through narrower vectors and scalars, and row_units' fold run on to whole passes
+# past the row's end took the resnet stem's 113 columns of float32 in 0.85 of the time.
+# Further past the end than a cache line it lost: float64's 113 columns (120 bytes more)
+# took 1.1x as long over 25 MB, 13 columns of float32 (204 bytes) 1.08x.
+FOLD_PASS_BYTES = 256
 
 # The largest input plane (last two axes) column_units folds into scratch: 256 KiB of
 # float32, within a core's L2 cache.
@@ -506,6 +514,28 @@ def column_units(
     )
 
 
+@njit(inline="always")
+def _row_columns(axes, itemsize, vector_fold):
+    """Where a 2-D call's output rows take their column maxima (row_units; the same for
+    every row): (span_start, span, lo, hi, past_end). columns[0] lies under the first
+    window's first tap, at input column span_start; columns[lo:hi] lie inside the input,
+    the rest of columns[:span] in the padding. ``past_end``: how many columns past hi
+    numba's loop over float32 and float64 rows (not the vector fold) folds on to end on a
+    whole pass (FOLD_PASS_BYTES), where that reads at most a cache line past the row and
+    the row has no padding after it, else 0. The windows read no column past hi, and a -0
+    there only makes the scan look at columns[lo:hi] for one (_columns_hold_ties).
+    Python calls it too (_serves_rows), as a plain function."""
+    span_start = -axes[AXIS_PAD_BEGIN, 1]
+    span = (axes[AXIS_OUT, 1] - 1) * axes[AXIS_STRIDE, 1] + axes[AXIS_EXTENT, 1]
+    lo = min(span, max(0, -span_start))
+    hi = max(lo, min(span, axes[AXIS_IN, 1] - span_start))
+    pass_elements = FOLD_PASS_BYTES // itemsize
+    past_end = ((hi - lo + pass_elements - 1) & -pass_elements) - (hi - lo)
+    if vector_fold or hi < span or past_end * itemsize > LINE_BYTES:
+        past_end = 0
+    return span_start, span, lo, hi, past_end
+
+
 # The kind of window arrives as literal arguments, as column_units' does.
 @kernel()
 def row_units(
@@ -521,6 +551,7 @@ def row_units(
     window_step,
     check_ties,
     vector_fold,
+    whole_passes,
 ):
     """MaxPool without Indices over two axes, a whole output row a unit, the way
     column_units takes it (the window's input rows folded into one row of column maxima,
@@ -532,7 +563,11 @@ def row_units(
     them are the same for every unit and are set once. column_units finds all of these
     again at each unit, in loops over any number of axes, and keeps them in registers its
     loops then lack: over the resnet stem's MaxPool (3x3 at stride 2 over 112x112 planes)
-    on one core this kernel took 0.87 of its time."""
+    on one core this kernel took 0.87 of its time. ``whole_passes`` (a kind, from
+    _row_columns): the fold of float32 and float64 rows runs on to whole passes of numba's
+    loop past the row's end; the other kinds fold no further than the row, and compile no
+    bound for the input's end in their loop (short rows and 8-bit ones took 1.04 to 1.08x
+    as long with it)."""
     height = axes[AXIS_IN, 0]
     width = axes[AXIS_IN, 1]
     out_height = axes[AXIS_OUT, 0]
@@ -545,15 +580,10 @@ def row_units(
     k_last = taps[taps.shape[0] - 1, 1] + 1
     step = np.uint64(axes[AXIS_STRIDE, 1])
     dilation = axes[AXIS_DILATION, 1]
-    # columns[0] lies under the first window's first tap, at input column span_start;
-    # columns[lo:hi] inside the input, the rest the padding's ``lowest``
-    span_start = -axes[AXIS_PAD_BEGIN, 1]
-    span = (out_width - 1) * axes[AXIS_STRIDE, 1] + axes[AXIS_EXTENT, 1]
-    lo = min(span, max(0, -span_start))
-    hi = max(lo, min(span, width - span_start))
+    span_start, span, lo, hi, past_end = _row_columns(axes, x.itemsize, vector_fold)
     in_plane = height * width
     out_plane = out_height * out_width
-    columns = empty(span, x.dtype)
+    columns = empty(span + past_end, x.dtype)
     for i in range(lo):
         columns[np.uint64(i)] = lowest
     for i in range(hi, span):
@@ -576,8 +606,11 @@ def row_units(
         if inside_rows == 0 or lo == hi:  # no tap inside the input
             start_maxima(y, None, out_begin, out_width, lowest)
         else:
+            fold_end = hi
+            if whole_passes:  # no further than the input's end
+                fold_end = min(hi + past_end, x.size - row_starts[inside_rows - 1] + lo)
             negative_zero = _fold_column_rows(
-                columns, lo, hi, x, row_starts, inside_rows, vector_fold, True, lowest
+                columns, lo, fold_end, x, row_starts, inside_rows, vector_fold, True, lowest
             )
             if prefetching:
                 # the rows the next units read: as many as an output row steps over
@@ -663,14 +696,18 @@ FAMILY = Family(
 def _serves_rows(request):
     """MaxPool without Indices over two axes, windows more than one input row high (one
     row is a copy, which column_units makes), whole output rows: (width, step) of
-    column_kind, check_ties and vector_fold, as column_units takes them."""
+    column_kind, check_ties and vector_fold, as column_units takes them, and whole_passes
+    (_row_columns' past_end is not 0)."""
     plan = request.plan
     if len(plan.kernel_shape) != 2 or plan.kernel_shape[0] == 1:
         return None
+    vector_fold = plan.dtype.itemsize <= 2
+    past_end = _row_columns.py_func(plan.geometry["axes"], plan.dtype.itemsize, vector_fold)[4]
     return (
         *column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1]),
         plan.dtype.kind not in "iu",
-        plan.dtype.itemsize <= 2,
+        vector_fold,
+        bool(past_end > 0),
     )
 
 
@@ -679,12 +716,16 @@ ROW_FAMILY = Family(
     ops=("MaxPool",),
     serves=_serves_rows,
     kinds=lambda op, dtype: tuple(
-        (width, step, dtype.kind not in "iu", dtype.itemsize <= 2) for width, step in COLUMN_KINDS
+        (width, step, dtype.kind not in "iu", dtype.itemsize <= 2, whole_passes)
+        for width, step in COLUMN_KINDS
+        for whole_passes in ((False,) if dtype.itemsize <= 2 else (False, True))
     ),
     arguments=("lowest", "axes", "taps", "tap_offsets"),
     whole_rows=True,
     examples=(
         ("MaxPool", (2, 8, 9, 11), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+        # rows folded on past their end to whole passes (whole_passes)
+        ("MaxPool", (2, 8, 9, 60), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
         (
             "MaxPool",
             (2, 8, 12, 13),
