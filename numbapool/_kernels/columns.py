@@ -185,6 +185,21 @@ def _column_windows(columns, target, base, count, width, step, spacing):
 
 
 @njit(inline="always")
+def _column_span(first, end, step, extent, pad, size):
+    """Where the column maxima of outputs first to end - 1 of a row lie along the last
+    axis (its ``step``, window ``extent``, leading ``pad`` and input ``size``): (span_start,
+    span, lo, hi). columns[0] lies under output first's first tap, at input column
+    span_start; columns[:span] reach the last output's last tap, and columns[lo:hi] of
+    them lie inside the input, the rest in the padding. Its Python (``py_func``) serves
+    _serves_rows."""
+    span_start = first * step - pad
+    span = (end - 1 - first) * step + extent
+    lo = min(span, max(0, -span_start))
+    hi = max(lo, min(span, size - span_start))
+    return span_start, span, lo, hi
+
+
+@njit(inline="always")
 def _row_windows(
     columns,
     y,
@@ -368,10 +383,9 @@ def column_units(
             input_plane(axes),
             output_plane(axes),
         )
-        span_start = first * axes[AXIS_STRIDE, last] - pad  # input position of columns[0]
-        span = (end - 1 - first) * axes[AXIS_STRIDE, last] + axes[AXIS_EXTENT, last]
-        lo = min(span, max(0, -span_start))  # columns[lo:hi] lie inside the input
-        hi = max(lo, min(span, in_last - span_start))
+        span_start, span, lo, hi = _column_span(
+            first, end, axes[AXIS_STRIDE, last], axes[AXIS_EXTENT, last], pad, in_last
+        )
         inside_rows = 0
         # whether the column maxima may hold a -0 (unknown unless the fold tells)
         negative_zero = True
@@ -515,25 +529,19 @@ def column_units(
 
 
 @njit(inline="always")
-def _row_columns(axes, itemsize, vector_fold):
-    """Where a 2-D call's output rows take their column maxima (row_units; the same for
-    every row): (span_start, span, lo, hi, past_end). columns[0] lies under the first
-    window's first tap, at input column span_start; columns[lo:hi] lie inside the input,
-    the rest of columns[:span] in the padding. ``past_end``: how many columns past hi
-    numba's loop over float32 and float64 rows (not the vector fold) folds on to end on a
-    whole pass (FOLD_PASS_BYTES), where that reads at most a cache line past the row and
-    the row has no padding after it, else 0. The windows read no column past hi, and a -0
-    there only makes the scan look at columns[lo:hi] for one (_columns_hold_ties).
-    Python calls it too (_serves_rows), as a plain function."""
-    span_start = -axes[AXIS_PAD_BEGIN, 1]
-    span = (axes[AXIS_OUT, 1] - 1) * axes[AXIS_STRIDE, 1] + axes[AXIS_EXTENT, 1]
-    lo = min(span, max(0, -span_start))
-    hi = max(lo, min(span, axes[AXIS_IN, 1] - span_start))
+def _past_end(lo, hi, span, itemsize, vector_fold):
+    """How many columns past hi row_units' fold runs on, of a row's column maxima
+    columns[lo:hi] of span (_column_span): numba's loop over float32 and float64 rows (not
+    the vector fold) folds on to end on a whole pass (FOLD_PASS_BYTES) where that reads at
+    most a cache line past the row and the row has no padding after it; else 0. The
+    windows read no column past hi, and a -0 there only makes the scan look at
+    columns[lo:hi] for one (_columns_hold_ties). Its Python (``py_func``) serves
+    _serves_rows."""
     pass_elements = FOLD_PASS_BYTES // itemsize
     past_end = ((hi - lo + pass_elements - 1) & -pass_elements) - (hi - lo)
     if vector_fold or hi < span or past_end * itemsize > LINE_BYTES:
         past_end = 0
-    return span_start, span, lo, hi, past_end
+    return past_end
 
 
 # The kind of window arrives as literal arguments, as column_units' does.
@@ -564,7 +572,7 @@ def row_units(
     again at each unit, in loops over any number of axes, and keeps them in registers its
     loops then lack: over the resnet stem's MaxPool (3x3 at stride 2 over 112x112 planes)
     on one core this kernel took 0.87 of its time. ``whole_passes`` (a kind, from
-    _row_columns): the fold of float32 and float64 rows runs on to whole passes of numba's
+    _past_end): the fold of float32 and float64 rows runs on to whole passes of numba's
     loop past the row's end; the other kinds fold no further than the row, and compile no
     bound for the input's end in their loop (short rows and 8-bit ones took 1.04 to 1.08x
     as long with it)."""
@@ -580,7 +588,10 @@ def row_units(
     k_last = taps[taps.shape[0] - 1, 1] + 1
     step = np.uint64(axes[AXIS_STRIDE, 1])
     dilation = axes[AXIS_DILATION, 1]
-    span_start, span, lo, hi, past_end = _row_columns(axes, x.itemsize, vector_fold)
+    span_start, span, lo, hi = _column_span(
+        0, out_width, axes[AXIS_STRIDE, 1], axes[AXIS_EXTENT, 1], axes[AXIS_PAD_BEGIN, 1], width
+    )
+    past_end = _past_end(lo, hi, span, x.itemsize, vector_fold)
     in_plane = height * width
     out_plane = out_height * out_width
     columns = empty(span + past_end, x.dtype)
@@ -697,12 +708,21 @@ def _serves_rows(request):
     """MaxPool without Indices over two axes, windows more than one input row high (one
     row is a copy, which column_units makes), whole output rows: (width, step) of
     column_kind, check_ties and vector_fold, as column_units takes them, and whole_passes
-    (_row_columns' past_end is not 0)."""
+    (_past_end is not 0)."""
     plan = request.plan
     if len(plan.kernel_shape) != 2 or plan.kernel_shape[0] == 1:
         return None
     vector_fold = plan.dtype.itemsize <= 2
-    past_end = _row_columns.py_func(plan.geometry["axes"], plan.dtype.itemsize, vector_fold)[4]
+    axes = plan.geometry["axes"]
+    _, span, lo, hi = _column_span.py_func(
+        0,
+        axes[AXIS_OUT, 1],
+        axes[AXIS_STRIDE, 1],
+        axes[AXIS_EXTENT, 1],
+        axes[AXIS_PAD_BEGIN, 1],
+        axes[AXIS_IN, 1],
+    )
+    past_end = _past_end.py_func(lo, hi, span, plan.dtype.itemsize, vector_fold)
     return (
         *column_kind(plan.kernel_shape[-1], plan.strides[-1], plan.dilations[-1]),
         plan.dtype.kind not in "iu",
