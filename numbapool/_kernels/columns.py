@@ -200,6 +200,16 @@ def _column_span(first, end, step, extent, pad, size):
 
 
 @njit(inline="always")
+def _pad_columns(columns, lo, hi, span, lowest):
+    """columns[:lo] and columns[hi:span], the column maxima in the padding (_column_span),
+    set to the padding's ``lowest``."""
+    for i in range(lo):
+        columns[np.uint64(i)] = lowest
+    for i in range(hi, span):
+        columns[np.uint64(i)] = lowest
+
+
+@njit(inline="always")
 def _row_windows(
     columns,
     y,
@@ -454,10 +464,7 @@ def column_units(
                     np.uint64(row_starts[inside_rows - 1]),
                     np.uint64((hi - lo) * axes[AXIS_STRIDE, last - 1]),
                 )
-        for i in range(lo):
-            columns[np.uint64(i)] = lowest
-        for i in range(hi, span):
-            columns[np.uint64(i)] = lowest
+        _pad_columns(columns, lo, hi, span, lowest)
         count = end - first
         out_begin = np.uint64(out_first + first)
         suspect, nans, told = _row_windows(
@@ -595,10 +602,7 @@ def row_units(
     in_plane = height * width
     out_plane = out_height * out_width
     columns = empty(span + past_end, x.dtype)
-    for i in range(lo):
-        columns[np.uint64(i)] = lowest
-    for i in range(hi, span):
-        columns[np.uint64(i)] = lowest
+    _pad_columns(columns, lo, hi, span, lowest)
     row_starts = empty(k_height, np.int64)
     column_start = empty(1, np.int64)
     starts = empty(2, np.int64)  # the window's first input row, for the retake
