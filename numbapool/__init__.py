@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import _dispatch, _plan
+from . import _calls, _dispatch, _plan
 from ._threads import get_num_threads, set_num_threads, threads
 from ._warmup import warmup
 
@@ -105,6 +105,7 @@ def _as_array(x) -> np.ndarray:
     return x if isinstance(x, np.ndarray) else np.asarray(x)
 
 
+@_calls.fast_path("MaxPool")
 def max_pool(
     x: ArrayLike,
     kernel_shape: Ints | None = None,
@@ -167,6 +168,7 @@ def max_pool(
     )
 
 
+@_calls.fast_path("AveragePool")
 def average_pool(
     x: ArrayLike,
     kernel_shape: Ints | None = None,
@@ -219,6 +221,7 @@ def average_pool(
     )
 
 
+@_calls.fast_path("LpPool")
 def lp_pool(
     x: ArrayLike,
     kernel_shape: Ints | None = None,

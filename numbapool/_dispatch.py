@@ -246,39 +246,26 @@ def pool_window(
     storage_order=0,
     return_indices=False,
 ):
-    """A windowed pooling call from the public function's arguments: its plan looked up,
-    then run, by the call prepared at the first (_serial_call) where it runs on the calling
-    thread alone. Arguments by position, and no function between: this runs on every call,
-    and a small call's time is this (the plan's lookup through a function of its own made
-    the tiny call, MaxPool 2x2 over 1x3x8x8 on one core, take 1.05x as long).
+    """A windowed pooling call from the public function's arguments, by the general path:
+    its plan looked up (or resolved, which validates the arguments), then run (run_plan).
+    The public functions' own lines (_calls.py) run a repeated call of an array without
+    this function; every other call, and a first call, comes here.
 
-    The plans are cached by the arguments: the sequences frozen only where given (the
-    common call's lists of ints here, the rest by freeze_ints), one flat key. The scalars'
-    types join it, since True == 1 == 1.0 and a float flag must not find a valid call's
-    plan. (functools.lru_cache(typed=True) types every argument: 0.3 us more a call, the
-    whole time of the kernel on a small input.)"""
+    The plans are cached by the arguments, the sequences frozen (freeze_ints), in one flat
+    key. The scalars' types join it, since True == 1 == 1.0 and a float flag must not find
+    a valid call's plan."""
     if not isinstance(x, np.ndarray) and not isinstance(x, InputShape):
         x = np.asarray(x)
-    kernel, steps = kernel_shape, strides
-    if type(kernel) is list and (steps is None or type(steps) is list):
-        kernel = tuple(kernel)
-        steps = None if steps is None else tuple(steps)
-        for size in kernel if steps is None else kernel + steps:
-            if type(size) is not int:
-                kernel, steps = freeze_ints(kernel_shape), freeze_ints(strides)
-                break
-    else:
-        kernel, steps = freeze_ints(kernel_shape), freeze_ints(strides)
     key = (
         op,
         x.shape,
         x.dtype,
-        kernel,
-        steps,
-        None if pads is None else freeze_ints(pads),
+        freeze_ints(kernel_shape),
+        freeze_ints(strides),
+        freeze_ints(pads),
         auto_pad,
         ceil_mode,
-        None if dilations is None else freeze_ints(dilations),
+        freeze_ints(dilations),
         count_include_pad,
         p,
         storage_order,
@@ -300,13 +287,43 @@ def pool_window(
         plan = resolve_window_plan(*key[:12])
     if type(x) is InputShape:
         return plan
-    # made only for an input of the plan's own dtype, which the key holds
+    return run_plan(plan, return_indices, x)
+
+
+def run_plan(plan: WindowPlan, return_indices: bool, x: np.ndarray):
+    """A call of ``plan`` on ``x``: by the call prepared at its first (_serial_call) where
+    it runs on the calling thread alone, else run_window. Made only for an input of the
+    plan's own dtype, which the callers' keys hold."""
     serial_call = plan.serial_calls.get(return_indices)
     if serial_call is None and _threads.get_num_threads() == 1:
         serial_call = plan.one_thread_calls.get(return_indices)
     if serial_call is not None:
         return serial_call(x)
     return run_window(plan, x, return_indices)
+
+
+def prepared_call(plan: WindowPlan, return_indices: bool):
+    """What runs a repeated call of ``plan`` in the public functions' own lines
+    (_calls.py), made after its first call. Where that call prepared a call on the calling
+    thread alone (plan.serial_calls) without a storage view or Indices:
+    ``(function, units, out_shape, dtype, arguments)``, the compiled entry point and what
+    it takes after the arrays, called in those lines; a call prepared otherwise: that call;
+    anything else: run_plan for this plan, which asks for the thread count at each call."""
+    serial_call = plan.serial_calls.get(return_indices)
+    if serial_call is None:
+        return functools.partial(run_plan, plan, return_indices)
+    launch = plan.launches[1]  # a serial plan's, whatever the thread count (run_window)
+    if return_indices or launch.storage is not None:
+        return serial_call
+    function = launch.compiled[False].function
+    return (function, launch.units, plan.out_shape, plan.dtype, _python_scalars(launch.arguments))
+
+
+def _python_scalars(arguments: tuple) -> tuple:
+    """``arguments`` with NumPy scalars (the dtype's lowest) as Python's own: the compiled
+    function converts its arguments through Python's numbers, and a NumPy scalar first
+    becomes a new one on every call (the tiny call 0.98 to 0.99 of the time)."""
+    return tuple(value.item() if isinstance(value, np.generic) else value for value in arguments)
 
 
 def run_window(plan: WindowPlan, x: np.ndarray, return_indices: bool = False):
@@ -688,14 +705,9 @@ def _serial_call(plan: WindowPlan, launch: Launch, return_indices: bool, entry_p
     The function is written out for this call (_SERIAL_CALL_LINES), each of its
     arguments a name of its own: against unpacking them from a tuple (``*arguments``) and
     branching on the storage and on Indices at each call, the tiny call takes 0.97 of the
-    time. NumPy scalars (the dtype's lowest) become Python's own: the compiled
-    function converts its arguments through Python's numbers, and a NumPy scalar first
-    becomes a new one on every call (the tiny call 0.98 to 0.99 of the time)."""
+    time. NumPy scalars become Python's own (_python_scalars)."""
     arguments = launch.indices_arguments[1] if return_indices else launch.arguments
-    names = {f"argument{i}": value for i, value in enumerate(arguments)}
-    for name, value in names.items():
-        if isinstance(value, np.generic):
-            names[name] = value.item()
+    names = {f"argument{i}": value for i, value in enumerate(_python_scalars(arguments))}
     code = _serial_call_code(return_indices, launch.storage is not None, len(names))
     namespace = {
         "empty": np.empty,

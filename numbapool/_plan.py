@@ -309,7 +309,11 @@ class WindowPlan:
         return DispatchChoices()
 
     def forget_launches(self) -> None:
-        """Drop the launches and choices made so far: the next call decides again."""
+        """Drop the launches and choices made so far, and the calls the public functions
+        keep (_calls.forget): the next call decides again."""
+        from . import _calls  # imported here: _calls imports this module
+
+        _calls.forget()
         self.launches.clear()
         self.serial_calls.clear()
         self.one_thread_calls.clear()

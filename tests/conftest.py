@@ -36,7 +36,7 @@ def execution_path(request, monkeypatch):
     """Run a test through both ways a call can execute: small calls run serially on the
     calling thread, larger ones through the parallel driver. Forcing the threshold lets
     tiny test inputs take either path; plans are rebuilt so that no cached launch leaks."""
-    from numbapool import _dispatch
+    from numbapool import _calls, _dispatch
     from numbapool._kernels import parallel
 
     threshold = 1 << 62 if request.param == "serial" else 0
@@ -44,8 +44,10 @@ def execution_path(request, monkeypatch):
     # a driver compiles before the call that needs it, which then runs through it
     monkeypatch.setattr(parallel, "COMPILE_IN_BACKGROUND", False)
     _dispatch._WINDOW_PLANS.clear()
+    _calls.forget()
     yield request.param
     _dispatch._WINDOW_PLANS.clear()
+    _calls.forget()
 
 
 def pytest_collection_modifyitems(items):
