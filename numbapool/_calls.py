@@ -102,14 +102,6 @@ def fast_path(op: str):
         if list(parameters) != expected or "strides" not in names:
             raise TypeError(f"fast_path: {general.__name__} takes {list(parameters)}")
         others = [name for name in names if name not in ("strides", "return_indices")]
-        rest = [
-            f"None if {name} is None else freeze_ints({name})"
-            if name in _SEQUENCES
-            else f"{name}, type({name})"
-            if name in _TYPED
-            else name
-            for name in others
-        ]
         source = _FAST_PATH_LINES.format(
             name=general.__name__,
             parameters=", ".join(
@@ -123,7 +115,7 @@ def fast_path(op: str):
             ),
             defaults=" and ".join(f"{name} is default_{name}" for name in others),
             indices=", return_indices" if "return_indices" in names else "",
-            rest=", ".join(rest),
+            rest=", ".join(_key_part(name) for name in others),
             arguments=", ".join(
                 name if name in parameters else repr(default)
                 for name, default in _WINDOW_ARGUMENTS.items()
@@ -152,16 +144,28 @@ def fast_path(op: str):
     return decorate
 
 
+def _key_part(name: str) -> str:
+    """The long key's expression for the argument ``name``: a sequence frozen, a flag or p
+    beside its type, auto_pad as it is."""
+    if name in _SEQUENCES:
+        return f"None if {name} is None else freeze_ints({name})"
+    if name in _TYPED:
+        return f"{name}, type({name})"
+    return name
+
+
 def _first_call(op, calls, key, x, kernel_shape, *arguments):
-    """The first call of ``key``: run by the general path (pool_window), which validates
-    it, raising if it is invalid; then what runs such a call again
-    (_dispatch.prepared_call) kept in ``calls`` under ``key``."""
+    """The first call of ``key``: its plan found (or resolved, which validates the call,
+    raising if it is invalid) and run as the general path runs it; then what runs such a
+    call again (_dispatch.prepared_call) kept in ``calls`` under ``key``."""
     *window, return_indices = arguments
-    result = _dispatch.pool_window(op, x, kernel_shape, *window, bool(return_indices))
-    plan = _dispatch.pool_window(op, _dispatch.InputShape(x.shape, x.dtype), kernel_shape, *window)
+    return_indices = bool(return_indices)
+    shape = _dispatch.InputShape(x.shape, x.dtype)
+    plan = _dispatch.pool_window(op, shape, kernel_shape, *window)
+    result = _dispatch.run_plan(plan, return_indices, x)
     if len(calls) >= _PREPARED_CALLS_KEPT:
         calls.clear()
-    calls[key] = _dispatch.prepared_call(plan, bool(return_indices))
+    calls[key] = _dispatch.prepared_call(plan, return_indices)
     return result
 
 
