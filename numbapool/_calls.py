@@ -6,10 +6,10 @@ each a function of the same parameters, compiled from _FAST_PATH_LINES, that key
 call by its arguments in a dict of its own (``PREPARED_CALLS``). On a hit, the call runs
 there: a call prepared on the calling thread without a storage view or Indices in those
 lines (the output's allocation, the arrays' flat views, the kernel's entry point), any
-other through what ``_dispatch.prepared_call`` kept for it. A first call runs by the
-general path, which validates it, and keeps what a repeated one needs; an input that is
-not a NumPy array, an unexpected keyword or an unhashable argument takes the general
-path each time.
+other through what ``_dispatch.prepared_call`` kept for it. A first call finds or
+resolves its plan in pool_window's cache (which validates it), runs it as pool_window
+does, and keeps what a repeated one needs; an input that is not a NumPy array, an
+unexpected keyword or an unhashable argument takes the general path each time.
 
 Why: on a small call, Python's lines are its time. The tiny case (MaxPool 2x2 over
 1x3x8x8, one core) ran three frames (the public function, pool_window and the prepared
