@@ -35,19 +35,9 @@ import numpy as np
 from . import _dispatch
 from ._plan import freeze_ints
 
-# pool_window's arguments after the input and kernel_shape, with what a public function that
-# does not take one passes for it
-_WINDOW_ARGUMENTS = {
-    "strides": None,
-    "pads": None,
-    "auto_pad": "NOTSET",
-    "ceil_mode": 0,
-    "dilations": None,
-    "count_include_pad": 0,
-    "p": 2,
-    "storage_order": 0,
-    "return_indices": False,
-}
+# pool_window's parameters after op, the input and kernel_shape, in its order; a public
+# function that does not take one passes its default
+_WINDOW_ARGUMENTS = list(inspect.signature(_dispatch.pool_window).parameters.values())[3:]
 _SEQUENCES = ("pads", "dilations")
 _TYPED = ("ceil_mode", "count_include_pad", "p", "storage_order")
 
@@ -97,9 +87,14 @@ def fast_path(op: str):
 
     def decorate(general):
         parameters = inspect.signature(general).parameters
-        names = [name for name in parameters if name in _WINDOW_ARGUMENTS]
+        window = {argument.name: argument.default for argument in _WINDOW_ARGUMENTS}
+        names = [name for name in parameters if name in window]
         expected = ["x", "kernel_shape", *names, "unexpected"]
-        if list(parameters) != expected or "strides" not in names:
+        if (
+            list(parameters) != expected
+            or "strides" not in names
+            or any(window[name] is inspect.Parameter.empty for name in window.keys() - names)
+        ):
             raise TypeError(f"fast_path: {general.__name__} takes {list(parameters)}")
         others = [name for name in names if name not in ("strides", "return_indices")]
         source = _FAST_PATH_LINES.format(
@@ -117,8 +112,7 @@ def fast_path(op: str):
             indices=", return_indices" if "return_indices" in names else "",
             rest=", ".join(_key_part(name) for name in others),
             arguments=", ".join(
-                name if name in parameters else repr(default)
-                for name, default in _WINDOW_ARGUMENTS.items()
+                name if name in parameters else repr(default) for name, default in window.items()
             ),
             forward=", ".join(
                 ["x", "kernel_shape", *(f"{name}={name}" for name in names), "**unexpected"]
